@@ -1,0 +1,78 @@
+"""Awa: a Postgres-native background job queue for Python.
+
+Pipeline: producer → Postgres → dispatcher → executor → completion.
+"""
+
+from __future__ import annotations
+
+from awa.client import AsyncClient
+from awa.db.migrations import current_migration_version, migrations
+from awa.errors import (
+    AwaError,
+    CallbackNotFound,
+    DatabaseError,
+    JobNotFound,
+    SchemaNotMigrated,
+    SerializationError,
+    StagingError,
+    TerminalError,
+    UniqueConflict,
+    UnknownJobKind,
+    ValidationError,
+)
+from awa.model import (
+    CallbackToken,
+    Cancel,
+    Job,
+    Output,
+    QueueStat,
+    RetryAfter,
+    RetryFailedResult,
+    Snooze,
+    WaitForCallback,
+)
+from awa.producer import derive_kind
+from awa.states import JobState
+from awa.sync import Client, SyncTransaction
+from awa.transaction import Transaction
+
+__version__ = "0.1.0"
+
+
+async def migrate(database_url: str | None = None, *, schema: str = "awa") -> list[int]:
+    """Apply pending migrations to ``database_url``; returns the versions applied."""
+    async with AsyncClient(database_url, max_connections=1, schema=schema) as client:
+        return await client.migrate()
+
+
+__all__ = [
+    "AsyncClient",
+    "AwaError",
+    "CallbackNotFound",
+    "CallbackToken",
+    "Cancel",
+    "Client",
+    "DatabaseError",
+    "Job",
+    "JobNotFound",
+    "JobState",
+    "Output",
+    "QueueStat",
+    "RetryAfter",
+    "RetryFailedResult",
+    "SchemaNotMigrated",
+    "SerializationError",
+    "Snooze",
+    "StagingError",
+    "SyncTransaction",
+    "TerminalError",
+    "Transaction",
+    "UniqueConflict",
+    "UnknownJobKind",
+    "ValidationError",
+    "WaitForCallback",
+    "current_migration_version",
+    "derive_kind",
+    "migrate",
+    "migrations",
+]

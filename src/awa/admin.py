@@ -1,0 +1,129 @@
+"""Inspection and basic admin: read jobs and queues, cancel, retry, pause, drain.
+
+Each function takes a connection (or pool) and the bound `Queries`; the
+clients expose them as methods. Transitions are single statements, so an
+admin action and a worker racing on the same job serialize on its row.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from awa import producer, states
+from awa.db.errors import translated
+from awa.db.queries import Queries
+from awa.errors import JobNotFound, ValidationError
+from awa.model import Job, QueueStat
+from awa.states import JobState
+
+Executor = asyncpg.Connection | asyncpg.Pool
+
+
+async def get_job(db: Executor, q: Queries, job_id: int) -> Job:
+    """The job with ``job_id`` wherever it lives; `JobNotFound` if none."""
+    with translated():
+        row = await db.fetchrow(q["job_get"], job_id)
+    if row is None:
+        raise JobNotFound(f"job {job_id} not found")
+    return Job.from_row(row)
+
+
+async def list_jobs(db: Executor, q: Queries, *, state: JobState | str | None = None,
+                    kind: str | None = None, queue: str | None = None,
+                    limit: int = 100) -> list[Job]:
+    """Newest first, filtered by state, kind and queue."""
+    limit = producer.check_int("limit", limit, 1, 10_000)
+    with translated():
+        if state is None:
+            rows = await db.fetch(q["job_list_any"], kind, queue, limit)
+        else:
+            parsed = JobState.parse(state)
+            name = "job_list_finished" if parsed in states.TERMINAL else "job_list_active"
+            rows = await db.fetch(q[name], parsed.value, kind, queue, limit)
+    return [Job.from_row(r) for r in rows]
+
+
+async def dump_job(db: Executor, q: Queries, job_id: int) -> str:
+    """Every field of a job as pretty JSON, for support and debugging."""
+    job = await get_job(db, q, job_id)
+    return json.dumps(job.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+async def cancel(db: Executor, q: Queries, job_id: int, *,
+                 retention: timedelta = states.FAILED_RETENTION) -> Job | None:
+    """Cancel an unfinished job (a running handler is told); None if already finished."""
+    with translated():
+        row = await db.fetchrow(q["job_cancel"], job_id, retention)
+    if row is None:
+        await get_job(db, q, job_id)  # raises JobNotFound for an unknown id
+        return None
+    return Job.from_row(row)
+
+
+async def cancel_by_unique_key(db: Executor, q: Queries, kind: str, *, queue: str | None = None,
+                               args: Any = None, period_bucket: int | None = None,
+                               retention: timedelta = states.FAILED_RETENTION) -> Job | None:
+    """Cancel the unfinished job holding the key these inputs hash to, if any."""
+    producer.check_name("kind", kind)
+    if queue is not None:
+        producer.check_name("queue", queue)
+    by_args = args is not None
+    args_dict = producer.args_to_dict(args)[1] if by_args else {}
+    key = producer.unique_key(kind, queue or "", args_dict, queue is not None, by_args,
+                              period_bucket)
+    with translated():
+        row = await db.fetchrow(q["job_cancel_by_unique_key"], key, queue, retention)
+    return Job.from_row(row) if row is not None else None
+
+
+async def retry(db: Executor, q: Queries, job_id: int) -> Job:
+    """Send a failed, cancelled or callback-waiting job back to available, attempt 0."""
+    with translated():
+        row = await db.fetchrow(q["job_retry_finished"], job_id)
+        if row is None:
+            row = await db.fetchrow(q["job_retry_waiting"], job_id)
+    if row is None:
+        job = await get_job(db, q, job_id)
+        raise ValidationError("job", f"job {job_id} is {job.state}; only failed, cancelled "
+                              "or waiting_external jobs can be retried")
+    return Job.from_row(row)
+
+
+async def pause_queue(db: Executor, q: Queries, queue: str, paused_by: str | None = None) -> None:
+    """Stop claiming from ``queue`` (inserts still succeed)."""
+    producer.check_name("queue", queue)
+    with translated():
+        await db.execute(q["queue_pause"], queue, paused_by)
+
+
+async def resume_queue(db: Executor, q: Queries, queue: str) -> None:
+    """Claim from ``queue`` again."""
+    producer.check_name("queue", queue)
+    with translated():
+        await db.execute(q["queue_resume"], queue)
+
+
+async def drain_queue(db: Executor, q: Queries, queue: str, *,
+                      retention: timedelta = states.FAILED_RETENTION) -> int:
+    """Cancel every job of ``queue`` waiting to run; returns how many."""
+    producer.check_name("queue", queue)
+    with translated():
+        status = await db.execute(q["queue_drain"], queue, retention)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+async def queue_stats(db: Executor, q: Queries) -> list[QueueStat]:
+    """Counts per state, completions in the last hour, lag and pause, per queue."""
+    with translated():
+        rows = await db.fetch(q["queue_stats"])
+    return [QueueStat(
+        queue=r["queue"], scheduled=r["scheduled"], available=r["available"],
+        retryable=r["retryable"], running=r["running"], failed=r["failed"],
+        waiting_external=r["waiting_external"], completed_last_hour=r["completed_last_hour"],
+        lag_seconds=r["lag_seconds"], paused=r["paused"],
+        total_queued=r["scheduled"] + r["available"] + r["retryable"],
+    ) for r in rows]

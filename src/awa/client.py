@@ -1,0 +1,185 @@
+"""`AsyncClient`: the front door. Enqueue, inspect and administer jobs.
+
+Each operation is written once here (async); the sync `awa.Client` delegates
+to it. Worker methods (`task`, `start`, `shutdown`) live in the runtime and
+are attached in `awa.runtime`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Unpack
+
+import asyncpg
+
+from awa import admin, producer, states
+from awa.db import migrations
+from awa.db.errors import translated
+from awa.db.pool import create_pool, resolve_database_url
+from awa.db.queries import Queries, queries
+from awa.model import Job, QueueStat
+from awa.options import InsertOptions
+from awa.states import JobState
+from awa.transaction import Transaction, TransactionStart
+
+
+class AsyncClient:
+    """A pool-backed client for one database and schema (default ``awa``).
+
+    With no ``database_url``, ``$DATABASE_URL`` is used, else the embedded
+    PostgreSQL is started on first use.
+    """
+
+    def __init__(self, database_url: str | None = None, max_connections: int = 10, *,
+                 schema: str = "awa") -> None:
+        producer.check_int("max_connections", max_connections, 1, 10_000)
+        self._url = database_url
+        self._max_connections = max_connections
+        self._q: Queries = queries(schema)
+        self._pool: asyncpg.Pool | None = None
+        self._pool_lock = asyncio.Lock()
+        self.retention_cancelled = states.FAILED_RETENTION
+
+    @property
+    def schema(self) -> str:
+        """The schema holding Awa's tables."""
+        return self._q.schema
+
+    async def database_url(self) -> str:
+        """The URL in use (resolving the default, which may start the embedded server)."""
+        if self._url is None:
+            self._url = await asyncio.to_thread(resolve_database_url, None)
+        return self._url
+
+    async def pool(self) -> asyncpg.Pool:
+        """The connection pool, created on first use."""
+        if self._pool is None:
+            async with self._pool_lock:
+                if self._pool is None:
+                    url = await self.database_url()
+                    with translated():
+                        self._pool = await create_pool(url, max_connections=self._max_connections)
+        return self._pool
+
+    async def close(self) -> None:
+        """Close the pool. The client can reconnect on next use."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.pool()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- schema ---------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations (safe from many processes at once)."""
+        pool = await self.pool()
+        with translated():
+            async with pool.acquire() as conn:
+                return await migrations.apply(conn, self.schema)
+
+    async def check_schema(self) -> int:
+        """Raise `SchemaNotMigrated` unless the schema matches this code's version."""
+        pool = await self.pool()
+        async with pool.acquire() as conn:
+            return await migrations.check(conn, self.schema)
+
+    # -- enqueue ---------------------------------------------------------------
+
+    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
+        """Enqueue one job; `UniqueConflict` if its unique key is taken."""
+        prepared = producer.prepare(args, **opts)
+        pool = await self.pool()
+        async with pool.acquire() as conn:
+            return await producer.insert_one(conn, self._q, prepared)
+
+    async def insert_many_copy(self, jobs: Sequence[Any], *,
+                               opts: Sequence[Mapping[str, Any] | None] | None = None,
+                               **defaults: Unpack[InsertOptions]) -> list[Job]:
+        """Bulk insert through COPY; duplicate unique jobs are skipped."""
+        prepared = producer.prepare_many(jobs, opts, defaults)
+        pool = await self.pool()
+        async with pool.acquire() as conn:
+            return await producer.insert_many(conn, self._q, prepared)
+
+    async def enqueue_many_copy(self, jobs: Sequence[Any], *,
+                                opts: Sequence[Mapping[str, Any] | None] | None = None,
+                                **defaults: Unpack[InsertOptions]) -> int:
+        """The fastest bulk path (binary COPY); returns how many were inserted."""
+        prepared = producer.prepare_many(jobs, opts, defaults)
+        pool = await self.pool()
+        async with pool.acquire() as conn:
+            return await producer.copy_many(conn, self._q, prepared)
+
+    def transaction(self) -> TransactionStart:
+        """``async with client.transaction() as tx`` (or ``await`` it)."""
+        async def open_tx() -> Transaction:
+            pool = await self.pool()
+            conn = await pool.acquire()
+            tx = Transaction(conn, self._q, pool.release)
+            try:
+                return await tx._begin()
+            except BaseException:
+                await pool.release(conn)
+                raise
+        return TransactionStart(open_tx)
+
+    # -- inspection and admin --------------------------------------------------
+
+    async def get_job(self, job_id: int) -> Job:
+        """The job with this id (active, finished or dead-lettered)."""
+        return await admin.get_job(await self.pool(), self._q, job_id)
+
+    async def list_jobs(self, *, state: JobState | str | None = None, kind: str | None = None,
+                        queue: str | None = None, limit: int = 100) -> list[Job]:
+        """Jobs newest first, optionally filtered."""
+        return await admin.list_jobs(await self.pool(), self._q, state=state, kind=kind,
+                                     queue=queue, limit=limit)
+
+    async def dump_job(self, job_id: int) -> str:
+        """Every field of a job as JSON."""
+        return await admin.dump_job(await self.pool(), self._q, job_id)
+
+    async def cancel(self, job_id: int) -> Job | None:
+        """Cancel an unfinished job; None if it had already finished."""
+        return await admin.cancel(await self.pool(), self._q, job_id,
+                                  retention=self.retention_cancelled)
+
+    async def cancel_by_unique_key(self, kind: str, *, queue: str | None = None,
+                                   args: Any = None,
+                                   period_bucket: int | None = None) -> Job | None:
+        """Cancel the unfinished job holding this unique key, if any."""
+        return await admin.cancel_by_unique_key(
+            await self.pool(), self._q, kind, queue=queue, args=args,
+            period_bucket=period_bucket, retention=self.retention_cancelled)
+
+    async def retry(self, job_id: int) -> Job:
+        """Send a failed, cancelled or waiting job back to available (attempt 0)."""
+        return await admin.retry(await self.pool(), self._q, job_id)
+
+    async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
+        """Stop workers claiming from ``queue``."""
+        await admin.pause_queue(await self.pool(), self._q, queue, paused_by)
+
+    async def resume_queue(self, queue: str) -> None:
+        """Let workers claim from ``queue`` again."""
+        await admin.resume_queue(await self.pool(), self._q, queue)
+
+    async def drain_queue(self, queue: str) -> int:
+        """Cancel all jobs of ``queue`` that are waiting to run."""
+        return await admin.drain_queue(await self.pool(), self._q, queue,
+                                       retention=self.retention_cancelled)
+
+    async def queue_stats(self) -> list[QueueStat]:
+        """Per-queue counts, lag and pause state."""
+        return await admin.queue_stats(await self.pool(), self._q)
+
+

@@ -1,0 +1,1 @@
+"""Database layer: pool and codecs, named SQL, migrations, error translation."""

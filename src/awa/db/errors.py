@@ -1,0 +1,45 @@
+"""Translate driver exceptions into the `awa.errors` tree, at one boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import asyncpg
+
+from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
+
+UNIQUE_CONSTRAINT = "awa_unique_claim"
+
+
+def translate(exc: BaseException) -> AwaError | None:
+    """The Awa error for a driver error, or None if it is not a driver error."""
+    if isinstance(exc, AwaError):
+        return exc
+    if isinstance(exc, asyncpg.UniqueViolationError):
+        if getattr(exc, "constraint_name", None) == UNIQUE_CONSTRAINT:
+            detail = getattr(exc, "detail", None) or ""
+            holder = int(detail) if detail.isdigit() else None
+            suffix = f" (held by job {holder})" if holder is not None else ""
+            return UniqueConflict(f"a job with the same unique key already exists{suffix}",
+                                  conflicting_job_id=holder)
+        return DatabaseError(str(exc))
+    if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.InvalidSchemaNameError
+                  | asyncpg.UndefinedObjectError | asyncpg.UndefinedFunctionError):
+        return SchemaNotMigrated(f"the Awa schema is missing or out of date ({exc}); "
+                                 "run `awa migrate` or `client.migrate()`")
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
+        return DatabaseError(f"{type(exc).__name__}: {exc}")
+    return None
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise driver errors raised inside the block as Awa errors."""
+    try:
+        yield
+    except Exception as exc:
+        err = translate(exc)
+        if err is None or err is exc:
+            raise
+        raise err from exc

@@ -1,0 +1,94 @@
+"""Forward-only numbered migrations, applied under an advisory lock.
+
+Files ``sql/migrations/NNNN_description.sql`` are never edited once released.
+`apply` runs every pending one in a single transaction holding a
+transaction-scoped advisory lock, so ten processes migrating at once apply
+each migration exactly once; a database that is ahead of this code is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+import asyncpg
+
+from awa.db.queries import bind_schema, validate_schema
+from awa.errors import SchemaNotMigrated
+
+_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+#: First key of the two-int advisory lock; the second is hashtext(schema).
+_LOCK_CLASS = 0x0A3A
+
+
+@cache
+def migrations() -> list[tuple[int, str, str]]:
+    """Every shipped migration as ``(version, description, sql)``, in order."""
+    found = []
+    for entry in resources.files("awa.db").joinpath("sql", "migrations").iterdir():
+        m = _FILE.match(entry.name)
+        if m:
+            found.append((int(m[1]), m[2].replace("_", " "), entry.read_text()))
+    found.sort()
+    versions = [v for v, _, _ in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, got {versions}")
+    return found
+
+
+def current_migration_version() -> int:
+    """The schema version this code expects (the newest shipped migration)."""
+    return migrations()[-1][0]
+
+
+async def database_version(conn: asyncpg.Connection, schema: str = "awa") -> int | None:
+    """The version recorded in the database, or None if Awa was never installed."""
+    table = f"{validate_schema(schema)}.schema_migrations"
+    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
+    if not exists:
+        return None
+    sql = bind_schema("SELECT coalesce(max(version), 0) FROM awa.schema_migrations", schema)
+    return int(await conn.fetchval(sql))
+
+
+async def check(conn: asyncpg.Connection, schema: str = "awa") -> int:
+    """Raise `SchemaNotMigrated` unless the database is exactly at our version."""
+    have, want = await database_version(conn, schema), current_migration_version()
+    if have is None or have < want:
+        raise SchemaNotMigrated(
+            f"schema {schema!r} is at version {have or 0}, this code needs {want}: "
+            "run `awa migrate` or `client.migrate()`")
+    if have > want:
+        raise SchemaNotMigrated(
+            f"schema {schema!r} is at version {have}, newer than this code's {want}: "
+            "upgrade awa before running against this database")
+    return have
+
+
+def pending_sql(from_version: int, schema: str = "awa") -> list[tuple[int, str, str]]:
+    """The migrations after ``from_version``, with the schema name bound."""
+    return [(v, d, bind_schema(sql, schema)) for v, d, sql in migrations() if v > from_version]
+
+
+async def apply(conn: asyncpg.Connection, schema: str = "awa") -> list[int]:
+    """Apply pending migrations; returns the versions applied (maybe none)."""
+    schema = validate_schema(schema)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, schema)
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(bind_schema(
+            "CREATE TABLE IF NOT EXISTS awa.schema_migrations ("
+            " version integer PRIMARY KEY, description text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())", schema))
+        have = await database_version(conn, schema) or 0
+        if have > current_migration_version():
+            await check(conn, schema)
+        applied = []
+        for version, description, sql in pending_sql(have, schema):
+            await conn.execute(sql)
+            await conn.execute(
+                bind_schema("INSERT INTO awa.schema_migrations (version, description)"
+                            " VALUES ($1, $2)", schema), version, description)
+            applied.append(version)
+        return applied

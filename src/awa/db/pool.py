@@ -1,0 +1,52 @@
+"""Connections: the asyncpg pool with Awa's codecs, and the default URL."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import asyncpg
+
+
+def _json_text(value: Any) -> bytes:
+    # Statements receive JSON already serialized (validated by the producer).
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return text.encode()
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    return b"\x01" + _json_text(value)  # binary jsonb: a version byte, then the text
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return json.loads(data[1:])
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """Per-connection setup: binary JSON codecs (COPY needs binary) returning Python values."""
+    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=_encode_jsonb,
+                              decoder=_decode_jsonb, format="binary")
+    await conn.set_type_codec("json", schema="pg_catalog", encoder=_json_text,
+                              decoder=json.loads, format="binary")
+
+
+def resolve_database_url(database_url: str | None) -> str:
+    """An explicit URL, else ``$DATABASE_URL``, else the embedded server's."""
+    if database_url:
+        return database_url
+    env = os.environ.get("DATABASE_URL")
+    if env:
+        return env
+    from awa.embedded import embedded_database_url
+
+    return embedded_database_url()
+
+
+async def create_pool(database_url: str, *, max_connections: int = 10) -> asyncpg.Pool:
+    """A pool whose connections all carry Awa's codecs."""
+    pool = await asyncpg.create_pool(
+        database_url, min_size=1, max_size=max_connections, init=init_connection,
+        server_settings={"application_name": "awa"})
+    assert pool is not None
+    return pool

@@ -1,0 +1,71 @@
+"""Named SQL statements, loaded once from the ``sql/*.sql`` files.
+
+Each file holds blocks introduced by ``-- name: noun_verb``. Statements are
+written against the schema ``awa``; `Queries` binds another schema name (a
+validated identifier, never user text) in this one place.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from awa.errors import ValidationError
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+_SCHEMA_REF = re.compile(r"(?<![\w\"])awa\.")
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+DEFAULT_SCHEMA = "awa"
+
+
+def validate_schema(schema: str) -> str:
+    """Return ``schema`` if it is a plain lowercase identifier, else raise."""
+    if not _IDENTIFIER.match(schema):
+        raise ValidationError("schema", "must match [a-z_][a-z0-9_]{0,62}")
+    return schema
+
+
+def bind_schema(sql: str, schema: str) -> str:
+    """Rewrite ``awa.`` references to ``schema`` (validated) in ``sql``."""
+    if schema == DEFAULT_SCHEMA:
+        return sql
+    return _SCHEMA_REF.sub(f'"{validate_schema(schema)}".', sql)
+
+
+def _parse(text: str) -> dict[str, str]:
+    parts = _NAME.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+@cache
+def _all_statements() -> dict[str, str]:
+    statements: dict[str, str] = {}
+    for entry in sorted(resources.files("awa.db").joinpath("sql").iterdir(), key=str):
+        if entry.name.endswith(".sql"):
+            for name, body in _parse(entry.read_text()).items():
+                if name in statements:
+                    raise RuntimeError(f"duplicate SQL statement name {name!r}")
+                statements[name] = body
+    return statements
+
+
+class Queries:
+    """The named statements bound to one schema: ``q["job_insert"]``."""
+
+    def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
+        self.schema = validate_schema(schema)
+        self._bound = {k: bind_schema(v, schema) for k, v in _all_statements().items()}
+
+    def __getitem__(self, name: str) -> str:
+        return self._bound[name]
+
+    def names(self) -> list[str]:
+        """Every statement name, sorted: an index of what Awa does to the database."""
+        return sorted(self._bound)
+
+
+@cache
+def queries(schema: str = DEFAULT_SCHEMA) -> Queries:
+    """The shared `Queries` for ``schema``."""
+    return Queries(schema)

@@ -1,0 +1,135 @@
+-- Statements on jobs: insert, read, and the admin transitions.
+-- Finished jobs are moved with awa.finished() (see 0001_jobs.sql).
+
+-- name: job_insert
+INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
+                      metadata, unique_key, unique_states, ordering_key)
+SELECT $1, $2, $3::jsonb,
+       CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
+       coalesce($4::timestamptz, now()), $5, $6, $7, $8::jsonb, $9, $10, $11
+RETURNING *
+
+-- name: job_staging_create
+CREATE TEMP TABLE awa_job_staging (
+    ord           bigint GENERATED ALWAYS AS IDENTITY,
+    kind          text,
+    queue         text,
+    args          jsonb,
+    run_at        timestamptz,
+    priority      smallint,
+    max_attempts  smallint,
+    tags          text[],
+    metadata      jsonb,
+    unique_key    bytea,
+    unique_states smallint,
+    ordering_key  text
+) ON COMMIT DROP
+
+-- name: job_insert_from_staging
+-- Unique claims are taken first, in input order, so a duplicate (of an
+-- existing job or of an earlier row in the batch) is skipped, not an error.
+WITH src AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.*,
+           CASE WHEN s.run_at > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
+               AS state
+    FROM (SELECT * FROM awa_job_staging ORDER BY ord) s
+), claimed AS (
+    INSERT INTO awa.unique_claims (unique_key, job_id)
+    SELECT unique_key, id FROM src
+    WHERE unique_key IS NOT NULL AND (unique_states & awa.state_bit(state)) <> 0
+    ORDER BY id
+    ON CONFLICT (unique_key) DO NOTHING
+    RETURNING job_id
+)
+INSERT INTO awa.jobs (id, kind, queue, args, state, run_at, priority, max_attempts, tags,
+                      metadata, unique_key, unique_states, ordering_key)
+SELECT id, kind, queue, args, state, coalesce(run_at, now()), priority, max_attempts, tags,
+       metadata, unique_key, unique_states, ordering_key
+FROM src
+WHERE unique_key IS NULL
+   OR (unique_states & awa.state_bit(state)) = 0
+   OR id IN (SELECT job_id FROM claimed)
+ORDER BY id
+RETURNING *
+
+-- name: job_get
+SELECT * FROM awa.jobs_all WHERE id = $1
+
+-- name: job_list_active
+SELECT * FROM awa.jobs
+WHERE ($1::awa.job_state IS NULL OR state = $1)
+  AND ($2::text IS NULL OR kind = $2)
+  AND ($3::text IS NULL OR queue = $3)
+ORDER BY id DESC
+LIMIT $4
+
+-- name: job_list_finished
+SELECT * FROM awa.jobs_done
+WHERE ($1::awa.job_state IS NULL OR state = $1)
+  AND ($2::text IS NULL OR kind = $2)
+  AND ($3::text IS NULL OR queue = $3)
+ORDER BY id DESC
+LIMIT $4
+
+-- name: job_list_any
+SELECT * FROM awa.jobs_all
+WHERE ($1::text IS NULL OR kind = $1)
+  AND ($2::text IS NULL OR queue = $2)
+ORDER BY id DESC
+LIMIT $3
+
+-- name: job_cancel
+-- Cancel one unfinished job, running or not. A running handler's later
+-- writes find no active row and are dropped by the run-lease guard.
+WITH moved AS (
+    DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j, j.state AS prior_state
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m, LATERAL awa.finished(m.j, 'cancelled', $2::interval) f
+    RETURNING *
+)
+SELECT done.*, (SELECT prior_state FROM moved) AS prior_state,
+       CASE WHEN (SELECT prior_state FROM moved) = 'running'
+            THEN pg_notify('awa_cancel', done.id::text) END AS notified
+FROM done
+
+-- name: job_cancel_by_unique_key
+WITH target AS (
+    SELECT c.job_id FROM awa.unique_claims c
+    JOIN awa.jobs j ON j.id = c.job_id
+    WHERE c.unique_key = $1 AND ($2::text IS NULL OR j.queue = $2)
+), moved AS (
+    DELETE FROM awa.jobs j USING target t WHERE j.id = t.job_id
+    RETURNING j, j.state AS prior_state
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m, LATERAL awa.finished(m.j, 'cancelled', $3::interval) f
+    RETURNING *
+)
+SELECT done.*, CASE WHEN m.prior_state = 'running'
+                    THEN pg_notify('awa_cancel', done.id::text) END AS notified
+FROM done JOIN moved m ON (m.j).id = done.id
+
+-- name: job_retry_finished
+-- Admin retry of a failed or cancelled job: back to available, attempt 0.
+WITH moved AS (
+    DELETE FROM awa.jobs_done d
+    WHERE d.id = $1 AND d.state IN ('failed', 'cancelled')
+    RETURNING d.*
+)
+INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+                      run_at, created_at, tags, metadata, errors, progress, unique_key,
+                      unique_states, ordering_key)
+SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
+       now(), created_at, tags, metadata, errors, progress, unique_key,
+       unique_states, ordering_key
+FROM moved
+RETURNING *
+
+-- name: job_retry_waiting
+-- Admin retry of a job parked on a callback: the callback is abandoned.
+UPDATE awa.jobs
+SET state = 'available', attempt = 0, run_at = now(), callback_id = NULL,
+    callback_timeout_at = NULL, heartbeat_at = NULL, deadline_at = NULL
+WHERE id = $1 AND state = 'waiting_external'
+RETURNING *

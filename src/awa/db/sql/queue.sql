@@ -1,0 +1,55 @@
+-- Statements on queues: pause switches, drain, stats.
+
+-- name: queue_pause
+INSERT INTO awa.queues (queue, paused, paused_by, paused_at)
+VALUES ($1, true, $2, now())
+ON CONFLICT (queue) DO UPDATE
+SET paused = true, paused_by = EXCLUDED.paused_by, paused_at = EXCLUDED.paused_at
+
+-- name: queue_resume
+UPDATE awa.queues SET paused = false, paused_by = NULL, paused_at = NULL WHERE queue = $1
+
+-- name: queue_drain
+-- Cancel every job of the queue that is waiting to run.
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.queue = $1 AND j.state IN ('scheduled', 'available', 'retryable')
+    RETURNING j
+)
+INSERT INTO awa.jobs_done
+SELECT f.* FROM moved m, LATERAL awa.finished(m.j, 'cancelled', $2::interval) f
+
+-- name: queue_stats
+-- Active counts come from the (small) active table; failures from a small
+-- partial index; completions from the per-minute rollup. No history scans.
+WITH active AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'available') AS available,
+           count(*) FILTER (WHERE state = 'retryable') AS retryable,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state = 'waiting_external') AS waiting_external,
+           min(run_at) FILTER (WHERE state = 'available') AS oldest_available
+    FROM awa.jobs GROUP BY queue
+), failed AS (
+    SELECT queue, count(*) AS failed FROM awa.jobs_done WHERE state = 'failed' GROUP BY queue
+), completed AS (
+    SELECT queue, sum(completed)::bigint AS completed FROM awa.queue_throughput
+    WHERE minute > now() - interval '1 hour' GROUP BY queue
+), names AS (
+    SELECT queue FROM active UNION SELECT queue FROM failed
+    UNION SELECT queue FROM completed UNION SELECT queue FROM awa.queues
+)
+SELECT n.queue,
+       coalesce(a.scheduled, 0) AS scheduled, coalesce(a.available, 0) AS available,
+       coalesce(a.retryable, 0) AS retryable, coalesce(a.running, 0) AS running,
+       coalesce(a.waiting_external, 0) AS waiting_external,
+       coalesce(f.failed, 0) AS failed, coalesce(c.completed, 0) AS completed_last_hour,
+       extract(epoch FROM now() - a.oldest_available)::float8 AS lag_seconds,
+       coalesce(q.paused, false) AS paused
+FROM names n
+LEFT JOIN active a ON a.queue = n.queue
+LEFT JOIN failed f ON f.queue = n.queue
+LEFT JOIN completed c ON c.queue = n.queue
+LEFT JOIN awa.queues q ON q.queue = n.queue
+ORDER BY n.queue

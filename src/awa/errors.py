@@ -1,0 +1,58 @@
+"""The one error tree. Driver errors are translated to it in `awa.db.errors`."""
+
+from __future__ import annotations
+
+
+class AwaError(Exception):
+    """Base of every error Awa raises on purpose."""
+
+
+class ValidationError(AwaError, ValueError):
+    """Input broke a documented rule; raised before anything is written."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+class SerializationError(AwaError):
+    """Args or metadata could not be converted to or from JSON."""
+
+
+class UniqueConflict(AwaError):
+    """A job with the same unique key already exists in a blocking state."""
+
+    def __init__(self, message: str, *, unique_key: bytes | None = None,
+                 conflicting_job_id: int | None = None) -> None:
+        super().__init__(message)
+        self.unique_key = unique_key
+        self.conflicting_job_id = conflicting_job_id
+
+
+class SchemaNotMigrated(AwaError):
+    """The database schema is missing, behind, or newer than this code."""
+
+
+class UnknownJobKind(AwaError):
+    """No handler is registered for a job's kind."""
+
+
+class JobNotFound(AwaError, LookupError):
+    """No job (active, finished or dead-lettered) has this id."""
+
+
+class DatabaseError(AwaError):
+    """A database failure that is not one of the specific errors above."""
+
+
+class CallbackNotFound(AwaError):
+    """The callback id is unknown, already resolved, or superseded."""
+
+
+class TerminalError(AwaError):
+    """Raised by a handler to fail the job now, without further attempts."""
+
+
+class StagingError(TerminalError):
+    """A follow-up could not be staged (ADR-046); poisons the attempt."""

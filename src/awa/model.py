@@ -1,0 +1,154 @@
+"""The value types users see: jobs, queue stats, and handler outcomes."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from awa.states import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as stored, wherever it lives (active, finished or dead-lettered)."""
+
+    id: int
+    kind: str
+    queue: str
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    args: dict[str, Any]
+    run_at: datetime
+    created_at: datetime
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    deadline: datetime | None = None
+    finalized_at: datetime | None = None
+    attempted_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    progress: dict[str, Any] | None = None
+    output: Any = None
+    run_lease: int = 0
+    unique_key: bytes | None = None
+    ordering_key: str | None = None
+    callback_id: str | None = None
+    callback_timeout_at: datetime | None = None
+
+    @property
+    def traceparent(self) -> str | None:
+        """W3C trace context captured at enqueue, if any."""
+        value = self.metadata.get("awa:traceparent")
+        return value if isinstance(value, str) else None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Job:
+        """Build from a database row of ``awa.jobs_all`` (or a table like it)."""
+        callback_id = row["callback_id"]
+        return cls(
+            id=row["id"], kind=row["kind"], queue=row["queue"],
+            state=JobState(row["state"]), priority=row["priority"],
+            attempt=row["attempt"], max_attempts=row["max_attempts"],
+            args=row["args"], run_at=row["run_at"], created_at=row["created_at"],
+            tags=list(row["tags"]), metadata=row["metadata"], errors=row["errors"] or [],
+            deadline=row["deadline_at"], finalized_at=row["finalized_at"],
+            attempted_at=row["attempted_at"], heartbeat_at=row["heartbeat_at"],
+            progress=row["progress"], output=row["output"], run_lease=row["run_lease"],
+            unique_key=row["unique_key"], ordering_key=row["ordering_key"],
+            callback_id=str(callback_id) if callback_id is not None else None,
+            callback_timeout_at=row["callback_timeout_at"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (times ISO-8601, key base64)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, JobState):
+                value = str(value)
+            elif isinstance(value, bytes):
+                value = base64.b64encode(value).decode()
+            out[f.name] = value
+        out["traceparent"] = self.traceparent
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStat:
+    """Counts and lag of one queue (spec §3.2 ``queue_stats``)."""
+
+    queue: str
+    total_queued: int
+    scheduled: int
+    available: int
+    retryable: int
+    running: int
+    failed: int
+    waiting_external: int
+    completed_last_hour: int
+    lag_seconds: float | None
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetryFailedResult:
+    """What a bulk `retry_failed` did."""
+
+    retried: int
+    job_ids: list[int] = field(default_factory=list)
+
+
+# -- handler outcomes (spec §3.5) ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAfter:
+    """Return to retry after ``seconds``; consumes an attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snooze:
+    """Return to run again after ``seconds`` without consuming an attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Return to cancel the job."""
+
+    reason: str = "cancelled by handler"
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackToken:
+    """A registered external callback; ``id`` is a UUID string."""
+
+    id: str
+
+    @classmethod
+    def new(cls) -> CallbackToken:
+        return cls(str(uuid.uuid4()))
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForCallback:
+    """Return to park the job until the callback ``token`` is resolved."""
+
+    token: CallbackToken
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Return to complete and retain ``value`` on the job for inspection."""
+
+    value: Any

@@ -1,0 +1,21 @@
+"""Insert options shared by every enqueue path (client, transaction, bridge)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypedDict
+
+
+class InsertOptions(TypedDict, total=False):
+    """Keyword options of an insert; see spec §3.2. Unknown keys raise TypeError."""
+
+    kind: str | None
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: Sequence[str] | None
+    metadata: Mapping[str, Any] | None
+    run_at: datetime | None
+    unique_opts: Mapping[str, Any] | None
+    ordering_key: str | None

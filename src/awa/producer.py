@@ -1,0 +1,298 @@
+"""Producer: validate and serialize a job, then insert it (one, many, or COPY).
+
+First stop of the pipeline (producer → Postgres → dispatcher → executor →
+completion). Everything a job carries is checked here, before any write, with
+a `ValidationError` naming the field and the rule; the schema repeats the
+checks as a second line. No SQL is built from user input: values travel only
+as bind parameters or COPY data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from pathlib import PurePath
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import blake3
+
+from awa import states
+from awa.db.errors import translated
+from awa.db.queries import Queries
+from awa.errors import SerializationError, ValidationError
+from awa.model import Job
+from awa.states import JobState
+
+_CAMEL_1 = re.compile(r"([A-Z]+)([A-Z][a-z])")
+_CAMEL_2 = re.compile(r"([a-z0-9])([A-Z])")
+UNIQUE_OPTION_NAMES = frozenset({"by_queue", "by_args", "by_period", "states"})
+
+
+def derive_kind(name: str) -> str:
+    """CamelCase class name → snake_case kind (``HTMLToPDF`` → ``html_to_pdf``)."""
+    return _CAMEL_2.sub(r"\1_\2", _CAMEL_1.sub(r"\1_\2", name)).lower()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, UUID | Decimal | PurePath):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: Any, field: str, *, canonical: bool = False) -> str:
+    """Serialize to compact JSON or raise `SerializationError` naming ``field``."""
+    try:
+        text = json.dumps(value, default=_json_default, ensure_ascii=False,
+                          separators=(",", ":"), sort_keys=canonical, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"{field}: {exc}") from exc
+    if "\\u0000" in text and _contains_nul(value):
+        raise ValidationError(field, "must not contain NUL bytes")
+    return text
+
+
+def _contains_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_contains_nul(v) for v in value)
+    return False
+
+
+def args_to_dict(args: Any) -> tuple[str | None, dict[str, Any]]:
+    """A job's args as a JSON-ready dict, plus the kind derived from its type."""
+    if isinstance(args, Mapping):
+        return None, dict(args)
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        return derive_kind(type(args).__name__), dataclasses.asdict(args)
+    if hasattr(args, "model_dump") and not isinstance(args, type):
+        try:
+            dumped = args.model_dump(mode="json")
+        except Exception as exc:
+            raise SerializationError(f"args: {exc}") from exc
+        return derive_kind(type(args).__name__), dumped
+    raise SerializationError(
+        f"args: expected a dataclass, a pydantic model or a dict, got {type(args).__name__}")
+
+
+def check_name(field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(field, "must be a string")
+    if not 1 <= len(value) <= states.NAME_MAX_LEN:
+        raise ValidationError(field, f"must be 1-{states.NAME_MAX_LEN} characters")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL bytes")
+    return value
+
+
+def check_int(field: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field, "must be an integer")
+    if not low <= value <= high:
+        raise ValidationError(field, f"must be between {low} and {high}")
+    return value
+
+
+def _check_tags(tags: Any) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str) or not isinstance(tags, Sequence):
+        raise ValidationError("tags", "must be a list of strings")
+    if len(tags) > states.TAGS_MAX:
+        raise ValidationError("tags", f"at most {states.TAGS_MAX} tags")
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise ValidationError("tags", "must be a list of strings")
+        if "\x00" in tag:
+            raise ValidationError("tags", "must not contain NUL bytes")
+    return list(tags)
+
+
+def _check_run_at(run_at: Any) -> datetime | None:
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime):
+        raise ValidationError("run_at", "must be a datetime")
+    if run_at.tzinfo is None:
+        run_at = run_at.replace(tzinfo=UTC)
+    try:
+        return run_at.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValidationError(
+            "run_at", f"must be within years {states.RUN_AT_MIN_YEAR}-{states.RUN_AT_MAX_YEAR}"
+        ) from exc
+
+
+def parse_unique_opts(opts: Any) -> tuple[bool, bool, int | None, int] | None:
+    """Validate unique options → ``(by_queue, by_args, by_period, states)``."""
+    if opts is None:
+        return None
+    if not isinstance(opts, Mapping):
+        raise ValidationError("unique_opts", "must be a dict")
+    unknown = set(opts) - UNIQUE_OPTION_NAMES
+    if unknown:
+        raise ValidationError("unique_opts", f"unknown option(s) {sorted(unknown)}")
+    by_queue, by_args = opts.get("by_queue", False), opts.get("by_args", True)
+    for name, flag in (("by_queue", by_queue), ("by_args", by_args)):
+        if not isinstance(flag, bool):
+            raise ValidationError(f"unique_opts.{name}", "must be a bool")
+    period = opts.get("by_period")
+    if period is not None:
+        check_int("unique_opts.by_period", period, -(2**63), 2**63 - 1)
+    mask = check_int("unique_opts.states", opts.get("states", states.UNIQUE_STATES_DEFAULT),
+                      1, states.UNIQUE_STATES_MAX)
+    return by_queue, by_args, period, mask
+
+
+def unique_key(kind: str, queue: str, args: Mapping[str, Any], by_queue: bool, by_args: bool,
+               by_period: int | None) -> bytes:
+    """First 16 bytes of BLAKE3(kind [NUL queue] [NUL canonical args] [NUL period])."""
+    hasher = blake3.blake3(kind.encode())
+    if by_queue:
+        hasher.update(b"\x00" + queue.encode())
+    if by_args:
+        hasher.update(b"\x00" + dumps(args, "args", canonical=True).encode())
+    if by_period is not None:
+        hasher.update(b"\x00" + struct.pack("<q", by_period))
+    return hasher.digest(length=16)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedJob:
+    """A validated, serialized job, ready for any insert path."""
+
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    args_json: str
+    priority: int
+    max_attempts: int
+    run_at: datetime | None
+    tags: list[str]
+    metadata_json: str
+    unique_key: bytes | None
+    unique_states: int | None
+    ordering_key: str | None
+
+    def insert_params(self) -> tuple[Any, ...]:
+        """Bind parameters of the ``job_insert`` statement, in order."""
+        return (self.kind, self.queue, self.args_json, self.run_at, self.priority,
+                self.max_attempts, self.tags, self.metadata_json, self.unique_key,
+                self.unique_states, self.ordering_key)
+
+    def initial_state(self, now: datetime) -> JobState:
+        """Where the job starts: available unless ``run_at`` is in the future."""
+        return JobState.Scheduled if self.run_at and self.run_at > now else JobState.Available
+
+
+def prepare(args: Any, *, kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
+            priority: int = states.PRIORITY_DEFAULT,
+            max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
+            metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+            unique_opts: Mapping[str, Any] | None = None,
+            ordering_key: str | None = None) -> PreparedJob:
+    """Validate and serialize one job; raises before anything is written."""
+    derived, args_dict = args_to_dict(args)
+    kind = kind if kind is not None else derived
+    if kind is None:
+        raise ValidationError("kind", "required when args is a dict")
+    check_name("kind", kind)
+    check_name("queue", queue)
+    check_int("priority", priority, states.PRIORITY_MIN, states.PRIORITY_MAX)
+    check_int("max_attempts", max_attempts, states.MAX_ATTEMPTS_MIN, states.MAX_ATTEMPTS_MAX)
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ValidationError("metadata", "must be a dict")
+    if ordering_key is not None:
+        check_name("ordering_key", ordering_key)
+    unique = parse_unique_opts(unique_opts)
+    key = unique_key(kind, queue, args_dict, *unique[:3]) if unique else None
+    return PreparedJob(
+        kind=kind, queue=queue, args=args_dict, args_json=dumps(args_dict, "args"),
+        priority=priority, max_attempts=max_attempts, run_at=_check_run_at(run_at),
+        tags=_check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
+        unique_key=key, unique_states=unique[3] if unique else None, ordering_key=ordering_key)
+
+
+def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] | None,
+                 defaults: Mapping[str, Any]) -> list[PreparedJob]:
+    """Prepare a batch; ``opts[i]`` overrides ``defaults`` for job ``i``."""
+    if opts is not None and len(opts) != len(jobs):
+        raise ValidationError("opts", "must have one entry per job")
+    prepared = []
+    for i, args in enumerate(jobs):
+        merged = {**defaults, **((opts[i] or {}) if opts is not None else {})}
+        try:
+            prepared.append(prepare(args, **merged))
+        except TypeError as exc:
+            raise TypeError(f"opts[{i}]: {exc}") from exc
+    return prepared
+
+
+async def insert_one(conn: asyncpg.Connection, q: Queries, job: PreparedJob) -> Job:
+    """Insert one prepared job; raises `UniqueConflict` on a duplicate key."""
+    with translated():
+        row = await conn.fetchrow(q["job_insert"], *job.insert_params())
+    return Job.from_row(row)
+
+
+_COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", "tags",
+                 "metadata", "unique_key", "unique_states", "ordering_key")
+
+
+def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
+    return [j.insert_params() for j in jobs]
+
+
+async def insert_many(conn: asyncpg.Connection, q: Queries, jobs: Sequence[PreparedJob],
+                      *, returning: bool = True) -> list[Job] | int:
+    """COPY into a staging table, then insert, skipping duplicate unique keys."""
+    if not jobs:
+        return [] if returning else 0
+    with translated():
+        async with conn.transaction():
+            await conn.execute(q["job_staging_create"])
+            await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
+                                             columns=_COPY_COLUMNS)
+            if returning:
+                rows = await conn.fetch(q["job_insert_from_staging"])
+                return [Job.from_row(r) for r in rows]
+            status = await conn.execute(q["job_insert_from_staging_count"])
+            return int(status.rsplit(" ", 1)[-1])
+
+
+async def copy_many(conn: asyncpg.Connection, q: Queries, jobs: Sequence[PreparedJob]) -> int:
+    """The fastest bulk path: binary COPY straight into the jobs table."""
+    if any(j.unique_key is not None for j in jobs):
+        count = await insert_many(conn, q, jobs, returning=False)
+        assert isinstance(count, int)
+        return count
+    if not jobs:
+        return 0
+    now = datetime.now(UTC)
+    records = [(j.kind, j.queue, j.args_json, j.initial_state(now).value, j.run_at or now,
+                j.priority, j.max_attempts, j.tags, j.metadata_json, j.ordering_key)
+               for j in jobs]
+    with translated():
+        await conn.copy_records_to_table(
+            "jobs", schema_name=q.schema, records=records,
+            columns=("kind", "queue", "args", "state", "run_at", "priority", "max_attempts",
+                     "tags", "metadata", "ordering_key"))
+    return len(records)

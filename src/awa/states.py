@@ -1,0 +1,88 @@
+"""Job states, the sets derived from them, and every limit and default.
+
+Defined once here and imported everywhere (producer, runtime, admin, SQL
+parameters) so the rules cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import timedelta
+
+
+class JobState(enum.Enum):
+    """A job's lifecycle state; ``str()`` gives the lowercase database name."""
+
+    Scheduled = "scheduled"
+    Available = "available"
+    Running = "running"
+    Completed = "completed"
+    Retryable = "retryable"
+    Failed = "failed"
+    Cancelled = "cancelled"
+    WaitingExternal = "waiting_external"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def bit(self) -> int:
+        """This state's bit in a unique-options ``states`` bitmask."""
+        return 1 << STATE_ORDER.index(self)
+
+    @classmethod
+    def parse(cls, value: JobState | str) -> JobState:
+        """Accept a member or its lowercase/CamelCase name."""
+        if isinstance(value, JobState):
+            return value
+        for member in cls:
+            if value in (member.value, member.name):
+                return member
+        from awa.errors import ValidationError
+
+        raise ValidationError("state", f"unknown job state {value!r}")
+
+
+#: Bit order of the unique ``states`` bitmask (bit 0 = scheduled), spec §2.1.
+STATE_ORDER: tuple[JobState, ...] = tuple(JobState)
+
+TERMINAL: frozenset[JobState] = frozenset(
+    {JobState.Completed, JobState.Failed, JobState.Cancelled}
+)
+#: States whose rows live in the active table and may still run.
+ACTIVE: frozenset[JobState] = frozenset(set(JobState) - TERMINAL)
+#: Waiting to run (what `drain_queue` and admin cancel act on without a handler).
+QUEUED: frozenset[JobState] = frozenset(
+    {JobState.Scheduled, JobState.Available, JobState.Retryable}
+)
+#: States an admin `retry` may move back to available.
+RETRYABLE_BY_ADMIN: frozenset[JobState] = frozenset(
+    {JobState.Failed, JobState.Cancelled, JobState.WaitingExternal}
+)
+
+# -- limits (spec §2.3) -----------------------------------------------------
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 1000, 25
+NAME_MAX_LEN = 200  # kind and queue
+TAGS_MAX = 20
+RUN_AT_MIN_YEAR, RUN_AT_MAX_YEAR = 1, 9999
+DEFAULT_QUEUE = "default"
+#: scheduled, available, running, completed, retryable.
+UNIQUE_STATES_DEFAULT = 0b0001_1111
+UNIQUE_STATES_MAX = 0b1111_1111
+
+STAGED_FOLLOW_UPS_MAX = 16
+STAGED_FOLLOW_UPS_MAX_BYTES = 64 * 1024
+OUTPUT_MAX_BYTES = 64 * 1024
+
+# -- runtime defaults (spec §2.3) ---------------------------------------------
+HEARTBEAT_INTERVAL = timedelta(seconds=30)
+HEARTBEAT_STALENESS = timedelta(seconds=90)
+RESCUE_INTERVAL = timedelta(seconds=30)
+DEADLINE = timedelta(minutes=5)
+CALLBACK_TIMEOUT = timedelta(seconds=3600)
+PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
+BACKOFF_CAP = timedelta(hours=24)
+COMPLETED_RETENTION = timedelta(hours=24)
+FAILED_RETENTION = timedelta(hours=72)
+DLQ_RETENTION = timedelta(days=30)

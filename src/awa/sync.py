@@ -1,0 +1,156 @@
+"""`Client`: the synchronous face of `AsyncClient`, for Django, Flask and scripts.
+
+It owns a private event loop on a daemon thread; every method submits the
+matching `AsyncClient` coroutine there and waits. Nothing is written twice:
+methods are generated from the async ones by `_delegate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
+
+from awa.client import AsyncClient
+from awa.model import Job
+from awa.options import InsertOptions
+from awa.transaction import Transaction
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class LoopThread:
+    """An event loop running on a daemon thread, for calling async code from sync."""
+
+    def __init__(self, name: str = "awa-sync") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, R]) -> R:
+        """Run ``coro`` on the loop and wait for its result."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("cannot call the sync client from its own event loop")
+        future: Future[R] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result()
+
+    def stop(self) -> None:
+        """Stop the loop and join the thread."""
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+def _delegate(method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]
+              ) -> Callable[Concatenate[Client, P], R]:
+    def call(self: Client, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._loop.run(method(self._async, *args, **kwargs))
+    call.__name__ = method.__name__
+    call.__qualname__ = f"Client.{method.__name__}"
+    call.__doc__ = method.__doc__
+    return call
+
+
+class SyncTransaction:
+    """A `Transaction` driven synchronously: ``with client.transaction() as tx``."""
+
+    def __init__(self, loop: LoopThread, tx: Transaction) -> None:
+        self._loop = loop
+        self._tx = tx
+
+    def execute(self, sql: str, *args: Any) -> int:
+        """Run a statement; returns the number of rows it affected."""
+        return self._loop.run(self._tx.execute(sql, *args))
+
+    def fetch_one(self, sql: str, *args: Any) -> dict[str, Any]:
+        """The first row as a dict; raises `AwaError` if there is none."""
+        return self._loop.run(self._tx.fetch_one(sql, *args))
+
+    def fetch_optional(self, sql: str, *args: Any) -> dict[str, Any] | None:
+        """The first row as a dict, or None."""
+        return self._loop.run(self._tx.fetch_optional(sql, *args))
+
+    def fetch_all(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        """Every row as a dict."""
+        return self._loop.run(self._tx.fetch_all(sql, *args))
+
+    def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
+        """Enqueue one job inside this transaction."""
+        return self._loop.run(self._tx.insert(args, **opts))
+
+    def insert_many(self, jobs: Sequence[Any], *,
+                    opts: Sequence[Mapping[str, Any] | None] | None = None,
+                    **defaults: Unpack[InsertOptions]) -> list[Job]:
+        """Enqueue many jobs inside this transaction."""
+        return self._loop.run(self._tx.insert_many(jobs, opts=opts, **defaults))
+
+    def commit(self) -> None:
+        """Commit and release the connection."""
+        self._loop.run(self._tx.commit())
+
+    def rollback(self) -> None:
+        """Roll back and release the connection."""
+        self._loop.run(self._tx.rollback())
+
+    def __enter__(self) -> SyncTransaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._loop.run(self._tx.__aexit__(exc_type, exc, tb))
+
+
+class Client:
+    """Synchronous client with the enqueue, admin, DLQ and callback methods."""
+
+    def __init__(self, database_url: str | None = None, max_connections: int = 10, *,
+                 schema: str = "awa") -> None:
+        self._loop = LoopThread()
+        self._async = self._loop.run(_make_async(database_url, max_connections, schema))
+
+    def close(self) -> None:
+        """Close the pool and stop the private event loop."""
+        try:
+            self._loop.run(self._async.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def transaction(self) -> SyncTransaction:
+        """``with client.transaction() as tx:`` commits on clean exit."""
+        async def open_tx() -> Transaction:
+            return await self._async.transaction()
+        return SyncTransaction(self._loop, self._loop.run(open_tx()))
+
+    migrate = _delegate(AsyncClient.migrate)
+    check_schema = _delegate(AsyncClient.check_schema)
+    insert = _delegate(AsyncClient.insert)
+    insert_many_copy = _delegate(AsyncClient.insert_many_copy)
+    enqueue_many_copy = _delegate(AsyncClient.enqueue_many_copy)
+    get_job = _delegate(AsyncClient.get_job)
+    list_jobs = _delegate(AsyncClient.list_jobs)
+    dump_job = _delegate(AsyncClient.dump_job)
+    cancel = _delegate(AsyncClient.cancel)
+    cancel_by_unique_key = _delegate(AsyncClient.cancel_by_unique_key)
+    retry = _delegate(AsyncClient.retry)
+    pause_queue = _delegate(AsyncClient.pause_queue)
+    resume_queue = _delegate(AsyncClient.resume_queue)
+    drain_queue = _delegate(AsyncClient.drain_queue)
+    queue_stats = _delegate(AsyncClient.queue_stats)
+
+
+async def _make_async(database_url: str | None, max_connections: int, schema: str) -> AsyncClient:
+    # Built on the loop thread so its asyncio primitives belong to that loop.
+    return AsyncClient(database_url, max_connections, schema=schema)

@@ -1,0 +1,124 @@
+"""The embedded PostgreSQL default (skip with ``-m "not embedded"``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from awa.embedded import (
+    EmbeddedPostgresError,
+    default_data_dir,
+    embedded_database_url,
+    stop_embedded,
+)
+
+pytestmark = pytest.mark.embedded
+
+PRINT_URL = "from awa.embedded import embedded_database_url as u; print(u(), flush=True)"
+
+
+async def _fetchval(url: str, sql: str) -> object:
+    conn = await asyncpg.connect(url)
+    try:
+        if ";" in sql:  # a script: simple protocol, no result
+            return await conn.execute(sql)
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
+def fetchval(url: str, sql: str) -> object:
+    return asyncio.run(_fetchval(url, sql))
+
+
+def python(code: str, **env: str) -> subprocess.Popen[str]:
+    """Start a Python that imports the same awa as this test."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env}
+    return subprocess.Popen([sys.executable, "-c", code], env=full_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return out.strip()
+
+
+def running(data_dir: Path) -> bool:
+    return (data_dir / "pgdata" / "postmaster.pid").exists()
+
+
+def test_start_reuse_stop_restart(tmp_path: Path) -> None:
+    try:
+        url = embedded_database_url(data_dir=tmp_path)
+        assert url.startswith("postgresql://awa:") and "@127.0.0.1:" in url
+        assert url.endswith("/awa")
+        version = fetchval(url, "select version()")
+        assert isinstance(version, str) and version.startswith("PostgreSQL 18"), version
+        assert fetchval(url, "select rolsuper from pg_roles where rolname = current_user")
+        assert int(str(fetchval(url, "show max_connections"))) >= 200
+        assert fetchval(url, "show listen_addresses") == "127.0.0.1"
+
+        assert embedded_database_url(data_dir=tmp_path) == url  # reused, not restarted
+        fetchval(url, "create table kept (x int); insert into kept values (42)")
+
+        stop_embedded(data_dir=tmp_path)
+        assert not running(tmp_path)
+        with pytest.raises(OSError):
+            fetchval(url, "select 1")
+        stop_embedded(data_dir=tmp_path)  # stopping a stopped server is fine
+
+        url2 = embedded_database_url(data_dir=tmp_path)  # same cluster, recorded port
+        assert url2 == url
+        assert fetchval(url2, "select x from kept") == 42
+    finally:
+        stop_embedded(data_dir=tmp_path)
+
+
+def test_concurrent_processes_share_one_server(tmp_path: Path) -> None:
+    env = {"AWA_EMBEDDED_DIR": str(tmp_path)}
+    first, second = python(PRINT_URL, **env), python(PRINT_URL, **env)
+    urls = {finish(first), finish(second)}
+    assert len(urls) == 1, urls
+    assert not running(tmp_path)  # the process that started it stopped it at exit
+
+
+def test_keep_and_reuse_from_another_process(tmp_path: Path) -> None:
+    env = {"AWA_EMBEDDED_DIR": str(tmp_path), "AWA_EMBEDDED_KEEP": "1"}
+    try:
+        url = finish(python(PRINT_URL, **env))
+        assert running(tmp_path)  # kept after its starter exited
+        assert fetchval(url, "select 1") == 1
+        assert embedded_database_url(data_dir=tmp_path) == url
+        # We merely reused it: a child that reuses it and exits does not stop it either.
+        assert finish(python(PRINT_URL, AWA_EMBEDDED_DIR=str(tmp_path))) == url
+        assert running(tmp_path)
+    finally:
+        stop_embedded(data_dir=tmp_path)
+    assert not running(tmp_path)
+
+
+def test_start_failure_shows_log(tmp_path: Path) -> None:
+    embedded_database_url(data_dir=tmp_path)
+    stop_embedded(data_dir=tmp_path)
+    with (tmp_path / "pgdata" / "postgresql.conf").open("a") as conf:
+        conf.write("awa_no_such_setting = on\n")
+    with pytest.raises(EmbeddedPostgresError, match="awa_no_such_setting") as info:
+        embedded_database_url(data_dir=tmp_path)
+    assert isinstance(info.value, RuntimeError)
+    assert not running(tmp_path)
+
+
+def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AWA_EMBEDDED_DIR", str(tmp_path / "explicit"))
+    assert default_data_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("AWA_EMBEDDED_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    if sys.platform == "linux":
+        assert default_data_dir() == tmp_path / "xdg" / "awa" / "pg"
