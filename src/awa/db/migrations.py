@@ -12,8 +12,7 @@ import re
 from functools import cache
 from importlib import resources
 
-import asyncpg
-
+from awa.db.pool import Conn
 from awa.db.queries import bind_schema, validate_schema
 from awa.errors import SchemaNotMigrated
 
@@ -42,7 +41,7 @@ def current_migration_version() -> int:
     return migrations()[-1][0]
 
 
-async def database_version(conn: asyncpg.Connection, schema: str = "awa") -> int | None:
+async def database_version(conn: Conn, schema: str = "awa") -> int | None:
     """The version recorded in the database, or None if Awa was never installed."""
     table = f"{validate_schema(schema)}.schema_migrations"
     exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
@@ -52,7 +51,7 @@ async def database_version(conn: asyncpg.Connection, schema: str = "awa") -> int
     return int(await conn.fetchval(sql))
 
 
-async def check(conn: asyncpg.Connection, schema: str = "awa") -> int:
+async def check(conn: Conn, schema: str = "awa") -> int:
     """Raise `SchemaNotMigrated` unless the database is exactly at our version."""
     have, want = await database_version(conn, schema), current_migration_version()
     if have is None or have < want:
@@ -71,7 +70,7 @@ def pending_sql(from_version: int, schema: str = "awa") -> list[tuple[int, str, 
     return [(v, d, bind_schema(sql, schema)) for v, d, sql in migrations() if v > from_version]
 
 
-async def apply(conn: asyncpg.Connection, schema: str = "awa") -> list[int]:
+async def apply(conn: Conn, schema: str = "awa") -> list[int]:
     """Apply pending migrations; returns the versions applied (maybe none)."""
     schema = validate_schema(schema)
     async with conn.transaction():

@@ -7,6 +7,10 @@ import os
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+#: A connection as Awa code receives it: direct, or borrowed from a pool.
+Conn = asyncpg.Connection | PoolConnectionProxy
 
 
 def _json_text(value: Any) -> bytes:

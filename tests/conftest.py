@@ -1,0 +1,122 @@
+"""Test fixtures: a real PostgreSQL, one fresh database per test.
+
+The server is ``$DATABASE_URL`` when set, else the embedded PostgreSQL. A
+template database is migrated once per schema version; each test gets its
+own copy (``CREATE DATABASE ... TEMPLATE``), so tests are isolated, cheap and
+could run in parallel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+import awa
+from awa.db import migrations
+
+_counter = itertools.count()
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    """A URL of the server's maintenance database."""
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        from awa.embedded import embedded_database_url
+
+        url = embedded_database_url()
+    return url
+
+
+def _template_name() -> str:
+    digest = hashlib.sha1("".join(sql for _, _, sql in migrations.migrations()).encode())
+    return f"awa_test_tpl_{digest.hexdigest()[:12]}"
+
+
+@pytest.fixture(scope="session")
+async def template_db(server_url: str) -> str:
+    """A migrated template database, rebuilt whenever the migrations change."""
+    name = _template_name()
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute("SELECT pg_advisory_lock(4242)")
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+            await awa.migrate(_with_database(server_url, name))
+            await conn.execute(f"ALTER DATABASE \"{name}\" WITH IS_TEMPLATE true")
+        await conn.execute("SELECT pg_advisory_unlock(4242)")
+    finally:
+        await conn.close()
+    return name
+
+
+@pytest.fixture
+async def database_url(server_url: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"awa_test_{os.getpid()}_{next(_counter)}"
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    finally:
+        await conn.close()
+    yield _with_database(server_url, name)
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def empty_database_url(server_url: str) -> AsyncIterator[str]:
+    """A fresh database with no Awa schema, for migration tests."""
+    name = f"awa_test_{os.getpid()}_{next(_counter)}_empty"
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    yield _with_database(server_url, name)
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[awa.AsyncClient]:
+    """An `AsyncClient` on the test's own database."""
+    async with awa.AsyncClient(database_url) as c:
+        yield c
+
+
+@pytest.fixture
+def sync_client(database_url: str) -> Iterator[awa.Client]:
+    """A sync `Client` on the test's own database."""
+    with awa.Client(database_url) as c:
+        yield c
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A raw asyncpg connection to the test's database, for assertions."""
+    c = await asyncpg.connect(database_url)
+    try:
+        yield c
+    finally:
+        await c.close()

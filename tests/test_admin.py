@@ -1,0 +1,133 @@
+"""Inspection and basic admin: get, list, dump, cancel, retry, pause, drain, stats."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+import awa
+
+
+@dataclass
+class Task:
+    n: int
+
+
+async def test_get_missing_job(client: awa.AsyncClient) -> None:
+    with pytest.raises(awa.JobNotFound):
+        await client.get_job(123456)
+    with pytest.raises(awa.AwaError):
+        await client.dump_job(123456)
+
+
+async def test_list_jobs_filters_and_order(client: awa.AsyncClient) -> None:
+    a = await client.insert(Task(1), queue="q1")
+    b = await client.insert(Task(2), queue="q2")
+    c = await client.insert({"x": 1}, kind="other", queue="q1")
+    await client.cancel(b.id)
+    assert [j.id for j in await client.list_jobs()] == [c.id, b.id, a.id]
+    assert [j.id for j in await client.list_jobs(queue="q1")] == [c.id, a.id]
+    assert [j.id for j in await client.list_jobs(kind="task")] == [b.id, a.id]
+    assert [j.id for j in await client.list_jobs(state=awa.JobState.Cancelled)] == [b.id]
+    assert [j.id for j in await client.list_jobs(state="available", kind="task")] == [a.id]
+    assert len(await client.list_jobs(limit=1)) == 1
+    with pytest.raises(awa.ValidationError, match="state"):
+        await client.list_jobs(state="bogus")
+    with pytest.raises(awa.ValidationError, match="limit"):
+        await client.list_jobs(limit=0)
+
+
+async def test_dump_job_is_json(client: awa.AsyncClient) -> None:
+    job = await client.insert(Task(1), tags=["t"], metadata={"awa:traceparent": "00-abc-def-01"})
+    dumped = json.loads(await client.dump_job(job.id))
+    assert dumped["id"] == job.id and dumped["state"] == "available"
+    assert dumped["args"] == {"n": 1} and dumped["tags"] == ["t"]
+    assert dumped["traceparent"] == "00-abc-def-01"
+    assert job.traceparent == "00-abc-def-01"
+
+
+async def test_cancel_and_retry(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    job = await client.insert(Task(1))
+    cancelled = await client.cancel(job.id)
+    assert cancelled is not None and cancelled.state is awa.JobState.Cancelled
+    assert cancelled.finalized_at is not None
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", job.id) == 0
+    assert await conn.fetchval("SELECT state::text FROM awa.jobs_done WHERE id = $1",
+                               job.id) == "cancelled"
+    assert await client.cancel(job.id) is None  # already finished: nothing to do
+    with pytest.raises(awa.JobNotFound):
+        await client.cancel(999999)
+    retried = await client.retry(job.id)
+    assert retried.state is awa.JobState.Available and retried.attempt == 0
+    assert retried.id == job.id and retried.finalized_at is None
+    with pytest.raises(awa.ValidationError, match="available"):
+        await client.retry(job.id)  # an available job cannot be retried
+    with pytest.raises(awa.JobNotFound):
+        await client.retry(999999)
+
+
+async def test_retry_waiting_external(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    job = await client.insert(Task(1))
+    await conn.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
+                       "callback_id = gen_random_uuid() WHERE id = $1", job.id)
+    retried = await client.retry(job.id)
+    assert retried.state is awa.JobState.Available and retried.attempt == 0
+    assert retried.callback_id is None
+
+
+async def test_cancel_running_job_notifies(client: awa.AsyncClient, database_url: str,
+                                           conn: asyncpg.Connection) -> None:
+    job = await client.insert(Task(1))
+    await conn.execute("UPDATE awa.jobs SET state = 'running', attempt = 1, run_lease = 1 "
+                       "WHERE id = $1", job.id)
+    listener = await asyncpg.connect(database_url)
+    got: list[str] = []
+    await listener.add_listener("awa_cancel", lambda *a: got.append(a[3]))
+    try:
+        cancelled = await client.cancel(job.id)
+        assert cancelled is not None and cancelled.state is awa.JobState.Cancelled
+        for _ in range(100):
+            if got:
+                break
+            await listener.execute("SELECT pg_sleep(0.01)")
+        assert got == [str(job.id)]
+    finally:
+        await listener.close()
+    # The stale attempt's completion now matches no row.
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1 AND run_lease = 1",
+                               job.id) == 0
+
+
+async def test_pause_resume_and_stats(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    await client.insert(Task(1), queue="q")
+    await client.insert(Task(2), queue="q", run_at=datetime.now(UTC) + timedelta(hours=1))
+    failed = await client.insert(Task(3), queue="q")
+    await conn.execute("""
+        WITH moved AS (DELETE FROM awa.jobs j WHERE id = $1 RETURNING j)
+        INSERT INTO awa.jobs_done SELECT f.* FROM moved m,
+            LATERAL awa.finished(m.j, 'failed', interval '1 day') f""", failed.id)
+    await client.pause_queue("q", paused_by="ops")
+    await client.pause_queue("empty")
+    stats = {s.queue: s for s in await client.queue_stats()}
+    q = stats["q"]
+    assert (q.available, q.scheduled, q.failed, q.total_queued, q.paused) == (1, 1, 1, 2, True)
+    assert q.lag_seconds is not None and q.lag_seconds >= 0
+    assert stats["empty"].paused and stats["empty"].total_queued == 0
+    assert await conn.fetchval("SELECT paused_by FROM awa.queues WHERE queue = 'q'") == "ops"
+    await client.resume_queue("q")
+    assert not {s.queue: s for s in await client.queue_stats()}["q"].paused
+
+
+async def test_drain_queue(client: awa.AsyncClient) -> None:
+    for i in range(3):
+        await client.insert(Task(i), queue="d")
+    await client.insert(Task(9), queue="d", run_at=datetime.now(UTC) + timedelta(hours=1))
+    keep = await client.insert(Task(10), queue="other")
+    assert await client.drain_queue("d") == 4
+    assert await client.drain_queue("d") == 0
+    assert {j.state for j in await client.list_jobs(queue="d")} == {awa.JobState.Cancelled}
+    assert (await client.get_job(keep.id)).state is awa.JobState.Available

@@ -1,0 +1,99 @@
+"""Migrations: idempotent, concurrent-safe, version checks, shipped schema."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+import awa
+from awa.db import migrations
+
+
+def test_migrations_listed_in_order() -> None:
+    found = awa.migrations()
+    assert [v for v, _, _ in found] == list(range(1, len(found) + 1))
+    assert all(isinstance(d, str) and sql.strip() for _, d, sql in found)
+    assert awa.current_migration_version() == found[-1][0]
+
+
+async def test_migrate_is_idempotent(empty_database_url: str) -> None:
+    first = await awa.migrate(empty_database_url)
+    assert first == list(range(1, awa.current_migration_version() + 1))
+    assert await awa.migrate(empty_database_url) == []
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        assert await migrations.database_version(conn) == awa.current_migration_version()
+        rows = await conn.fetchval("SELECT count(*) FROM awa.schema_migrations")
+        assert rows == awa.current_migration_version()
+    finally:
+        await conn.close()
+
+
+async def test_ten_concurrent_migrations_apply_once(empty_database_url: str) -> None:
+    results = await asyncio.gather(*(awa.migrate(empty_database_url) for _ in range(10)))
+    applied = [r for r in results if r]
+    assert len(applied) == 1  # exactly one process did the work
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        count = await conn.fetchval("SELECT count(*) FROM awa.schema_migrations")
+        assert count == awa.current_migration_version()
+    finally:
+        await conn.close()
+
+
+async def test_newer_schema_is_refused(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("INSERT INTO awa.schema_migrations (version, description) "
+                           "VALUES (9999, 'from the future')")
+    finally:
+        await conn.close()
+    with pytest.raises(awa.SchemaNotMigrated, match="newer than this code"):
+        await awa.migrate(database_url)
+    async with awa.AsyncClient(database_url) as client:
+        with pytest.raises(awa.SchemaNotMigrated, match="newer"):
+            await client.check_schema()
+
+
+async def test_unmigrated_database_gives_schema_error(empty_database_url: str) -> None:
+    async with awa.AsyncClient(empty_database_url) as client:
+        with pytest.raises(awa.SchemaNotMigrated):
+            await client.check_schema()
+        with pytest.raises(awa.SchemaNotMigrated):
+            await client.insert({"a": 1}, kind="k")
+
+
+async def test_custom_schema(empty_database_url: str) -> None:
+    async with awa.AsyncClient(empty_database_url, schema="jobs_here") as client:
+        await client.migrate()
+        job = await client.insert({"a": 1}, kind="k")
+        assert (await client.get_job(job.id)).kind == "k"
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        tables = await conn.fetch("SELECT table_schema FROM information_schema.tables "
+                                  "WHERE table_name = 'jobs'")
+        assert {r["table_schema"] for r in tables} == {"jobs_here"}
+    finally:
+        await conn.close()
+    with pytest.raises(awa.ValidationError, match="schema"):
+        awa.AsyncClient(empty_database_url, schema="bad; drop table x")
+
+
+async def test_python_states_match_database_enum(conn: asyncpg.Connection) -> None:
+    labels = await conn.fetchval("SELECT enum_range(NULL::awa.job_state)::text[]")
+    assert labels == [s.value for s in awa.JobState]
+
+
+async def test_done_table_mirrors_active_table(conn: asyncpg.Connection) -> None:
+    query = ("SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass "
+             "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+    active = [r[0] for r in await conn.fetch(query, "awa.jobs")]
+    done = [r[0] for r in await conn.fetch(query, "awa.jobs_done")]
+    assert done == [*active, "prune_after"]
+
+
+async def test_migrate_sql_for_schema_is_bound() -> None:
+    pending = migrations.pending_sql(0, "other")
+    assert all("awa." not in sql.replace("'awa_", "") for _, _, sql in pending)

@@ -1,0 +1,179 @@
+"""Enqueue: kinds, args types, options, validation before any write."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pydantic
+import pytest
+
+import awa
+from awa import producer
+
+
+@dataclasses.dataclass
+class SendEmail:
+    to: str
+    subject: str = "hi"
+
+
+class HTMLToPDF(pydantic.BaseModel):
+    url: str
+    when: datetime | None = None
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("SendEmail", "send_email"), ("SMTPEmail", "smtp_email"), ("HTMLToPDF", "html_to_pdf"),
+    ("OAuthRefresh", "o_auth_refresh"), ("already_snake", "already_snake"), ("X", "x"),
+])
+def test_derive_kind(name: str, kind: str) -> None:
+    assert awa.derive_kind(name) == kind
+
+
+async def test_insert_dataclass_pydantic_and_dict(client: awa.AsyncClient) -> None:
+    a = await client.insert(SendEmail("a@example.com"))
+    assert (a.kind, a.args) == ("send_email", {"to": "a@example.com", "subject": "hi"})
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    b = await client.insert(HTMLToPDF(url="http://x", when=when))
+    assert b.kind == "html_to_pdf" and b.args["when"].startswith("2030-01-01")
+    c = await client.insert({"x": 1}, kind="raw")
+    assert (c.kind, c.args) == ("raw", {"x": 1})
+    d = await client.insert(SendEmail("b"), kind="custom_kind")
+    assert d.kind == "custom_kind"
+    assert a.id < b.id < c.id < d.id
+
+
+async def test_insert_options_round_trip(client: awa.AsyncClient) -> None:
+    job = await client.insert(SendEmail("x"), queue="mail", priority=1, max_attempts=3,
+                              tags=["a", "b"], metadata={"m": [1, 2]}, ordering_key="cust-1")
+    got = await client.get_job(job.id)
+    assert (got.queue, got.priority, got.max_attempts) == ("mail", 1, 3)
+    assert got.tags == ["a", "b"] and got.metadata == {"m": [1, 2]}
+    assert got.ordering_key == "cust-1" and got.attempt == 0 and got.run_lease == 0
+    assert got.state is awa.JobState.Available and str(got.state) == "available"
+
+
+async def test_run_at_schedules(client: awa.AsyncClient) -> None:
+    future = datetime.now(UTC) + timedelta(hours=1)
+    job = await client.insert(SendEmail("x"), run_at=future)
+    assert job.state is awa.JobState.Scheduled
+    assert abs((job.run_at - future).total_seconds()) < 0.001
+    past = await client.insert(SendEmail("y"), run_at=datetime.now(UTC) - timedelta(hours=1))
+    assert past.state is awa.JobState.Available
+    naive = await client.insert(SendEmail("z"), run_at=datetime(2100, 1, 1))
+    assert naive.run_at == datetime(2100, 1, 1, tzinfo=UTC)
+
+
+BAD_INPUTS = [
+    ({"priority": 0}, "priority"), ({"priority": 5}, "priority"),
+    ({"priority": True}, "priority"), ({"max_attempts": 0}, "max_attempts"),
+    ({"max_attempts": 1001}, "max_attempts"), ({"kind": ""}, "kind"),
+    ({"kind": "k" * 201}, "kind"), ({"queue": ""}, "queue"), ({"queue": "q" * 201}, "queue"),
+    ({"queue": "a\x00b"}, "queue"), ({"tags": ["t"] * 21}, "tags"),
+    ({"tags": ["a\x00"]}, "tags"), ({"tags": "abc"}, "tags"),
+    ({"metadata": {"k": "v\x00"}}, "metadata"), ({"metadata": ["no"]}, "metadata"),
+    ({"run_at": "2030-01-01"}, "run_at"), ({"unique_opts": {"bogus": 1}}, "unique_opts"),
+    ({"unique_opts": {"states": 0}}, "unique_opts.states"),
+    ({"unique_opts": {"states": 256}}, "unique_opts.states"),
+    ({"unique_opts": {"by_args": "yes"}}, "unique_opts.by_args"),
+    ({"ordering_key": ""}, "ordering_key"),
+]
+
+
+@pytest.mark.parametrize(("opts", "field"), BAD_INPUTS)
+async def test_bad_input_is_refused_before_writing(client: awa.AsyncClient,
+                                                   conn: asyncpg.Connection,
+                                                   opts: dict[str, object], field: str) -> None:
+    with pytest.raises(awa.ValidationError) as info:
+        await client.insert(SendEmail("x"), **opts)  # type: ignore[arg-type]
+    assert info.value.field == field and info.value.rule
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+
+
+async def test_args_errors(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    with pytest.raises(awa.ValidationError, match="kind"):
+        await client.insert({"a": 1})
+    with pytest.raises(awa.ValidationError, match="NUL"):
+        await client.insert({"a": "x\x00"}, kind="k")
+    with pytest.raises(awa.ValidationError, match="NUL"):
+        await client.insert({"a\x00": 1}, kind="k")
+    with pytest.raises(awa.SerializationError):
+        await client.insert({"a": object()}, kind="k")
+    with pytest.raises(awa.SerializationError):
+        await client.insert({"a": float("nan")}, kind="k")
+    with pytest.raises(awa.SerializationError):
+        await client.insert(42, kind="k")
+    with pytest.raises(TypeError):
+        await client.insert(SendEmail("x"), colour="red")  # type: ignore[call-arg]
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    # A backslash-u sequence that merely looks like NUL is fine.
+    job = await client.insert({"a": "\\u0000"}, kind="k")
+    assert job.args == {"a": "\\u0000"}
+
+
+async def test_failed_bulk_insert_writes_nothing(client: awa.AsyncClient,
+                                                 conn: asyncpg.Connection) -> None:
+    jobs = [SendEmail(str(i)) for i in range(5)]
+    with pytest.raises(awa.ValidationError, match="priority"):
+        await client.insert_many_copy(jobs, opts=[None, None, {"priority": 9}, None, None])
+    with pytest.raises(awa.ValidationError):
+        await client.enqueue_many_copy([*jobs, {"no": "kind"}])
+    with pytest.raises(TypeError):
+        await client.enqueue_many_copy(jobs, opts=[{"wat": 1}, None, None, None, None])
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+
+
+async def test_bulk_paths(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    jobs = [SendEmail(str(i)) for i in range(500)]
+    inserted = await client.insert_many_copy(jobs, queue="bulk", tags=["t"],
+                                             opts=[{"priority": 1}] + [None] * 499)
+    assert [j.args["to"] for j in inserted] == [str(i) for i in range(500)]
+    assert inserted[0].priority == 1 and inserted[1].priority == 2
+    assert [j.id for j in inserted] == sorted(j.id for j in inserted)
+    count = await client.enqueue_many_copy(jobs, queue="bulk2",
+                                           run_at=datetime.now(UTC) + timedelta(minutes=5))
+    assert count == 500
+    states = await conn.fetch("SELECT queue, state::text, count(*) FROM awa.jobs "
+                              "GROUP BY 1, 2 ORDER BY 1")
+    assert [tuple(r) for r in states] == [("bulk", "available", 500),
+                                          ("bulk2", "scheduled", 500)]
+    assert await client.enqueue_many_copy([]) == 0
+    assert await client.insert_many_copy([]) == []
+
+
+async def test_unique_key_matches_reference_rule() -> None:
+    import struct
+
+    import blake3
+
+    args = {"b": 2, "a": "é"}
+    expected = blake3.blake3(b"k" + b"\x00q" + b'\x00{"a":"\xc3\xa9","b":2}'
+                             + b"\x00" + struct.pack("<q", 7)).digest(length=16)
+    assert producer.unique_key("k", "q", args, True, True, 7) == expected
+    assert producer.unique_key("k", "q", args, False, False, None) == \
+        blake3.blake3(b"k").digest(length=16)
+
+
+async def test_notify_on_insert_at_commit(client: awa.AsyncClient, database_url: str) -> None:
+    listener = await asyncpg.connect(database_url)
+    got: list[str] = []
+    await listener.add_listener("awa_jobs", lambda *a: got.append(a[3]))
+    try:
+        async with client.transaction() as tx:
+            await tx.insert(SendEmail("x"), queue="mailq")
+            await listener.execute("SELECT 1")  # let any (premature) notify arrive
+            assert got == []
+        for _ in range(100):
+            if got:
+                break
+            await listener.execute("SELECT 1")
+        assert got == ["mailq"]
+        got.clear()
+        await client.insert(SendEmail("later"), queue="mailq",
+                            run_at=datetime.now(UTC) + timedelta(hours=1))
+        await listener.execute("SELECT pg_sleep(0.05)")
+        assert got == []  # scheduled jobs wake nobody
+    finally:
+        await listener.close()
