@@ -34,7 +34,11 @@ async def _fetchval(url: str, sql: str) -> object:
 
 
 def fetchval(url: str, sql: str) -> object:
-    return asyncio.run(_fetchval(url, sql))
+    loop = asyncio.new_event_loop()  # not asyncio.run: leave pytest-asyncio's loop alone
+    try:
+        return loop.run_until_complete(_fetchval(url, sql))
+    finally:
+        loop.close()
 
 
 def python(code: str, **env: str) -> subprocess.Popen[str]:

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any, Unpack
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from awa import admin, producer, states
 from awa.db import migrations
@@ -125,6 +126,7 @@ class AsyncClient:
             pool = await self.pool()
             conn = await pool.acquire()
             async def release(c: Conn) -> None:
+                assert isinstance(c, PoolConnectionProxy)
                 await pool.release(c)
             tx = Transaction(conn, self._q, release)
             try:
