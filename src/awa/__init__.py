@@ -32,6 +32,7 @@ from awa.model import (
     WaitForCallback,
 )
 from awa.producer import derive_kind
+from awa.runtime import HealthCheck, QueueHealth
 from awa.states import JobState
 from awa.sync import Client, SyncTransaction
 from awa.transaction import Transaction
@@ -53,10 +54,12 @@ __all__ = [
     "Cancel",
     "Client",
     "DatabaseError",
+    "HealthCheck",
     "Job",
     "JobNotFound",
     "JobState",
     "Output",
+    "QueueHealth",
     "QueueStat",
     "RetryAfter",
     "RetryFailedResult",

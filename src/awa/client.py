@@ -8,7 +8,7 @@ are attached in `awa.runtime`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -16,13 +16,16 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from awa import admin, producer, states
+from awa.config import RuntimeConfig
 from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.model import Job, QueueStat
 from awa.options import InsertOptions
+from awa.runtime import HealthCheck, Runtime
 from awa.states import JobState
+from awa.tasks import Handler, Registry, make_spec
 from awa.transaction import Transaction, TransactionStart
 
 
@@ -42,6 +45,8 @@ class AsyncClient:
         self._pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
         self.retention_cancelled = states.FAILED_RETENTION
+        self._registry = Registry()
+        self._runtime: Runtime | None = None
 
     @property
     def schema(self) -> str:
@@ -65,7 +70,9 @@ class AsyncClient:
         return self._pool
 
     async def close(self) -> None:
-        """Close the pool. The client can reconnect on next use."""
+        """Shut any running worker down, then close the pool."""
+        if self._runtime is not None:
+            await self.shutdown()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
@@ -135,6 +142,49 @@ class AsyncClient:
                 await pool.release(conn)
                 raise
         return TransactionStart(open_tx)
+
+    # -- workers --------------------------------------------------------------------
+
+    def task(self, args_type: Any = None, *, kind: str | None = None,
+             queue: str = states.DEFAULT_QUEUE) -> Callable[[Handler], Handler]:
+        """Register ``async def handler(job)`` (or a plain ``def``) for a kind."""
+        def register(handler: Handler) -> Handler:
+            self._registry.add(make_spec(args_type, handler, kind=kind, queue=queue))
+            return handler
+        return register
+
+    async def start(self, queues: Iterable[Any] | None = None, **options: Any) -> None:
+        """Start claiming and running jobs in this process (spec §3.2 options)."""
+        if self._runtime is not None:
+            raise RuntimeError("this client's worker is already running")
+        config = RuntimeConfig.from_start_kwargs(queues, self._registry.queues(), **options)
+        pool = await self.pool()
+        self._runtime = Runtime(pool, self._q, self._registry, config,
+                                await self.database_url())
+        await self._runtime.start()
+
+    async def shutdown(self, timeout_ms: int = 2000) -> None:
+        """Stop claiming, let running handlers finish up to the timeout, abandon the rest."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.shutdown(max(0, timeout_ms) / 1000)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The running worker machinery, if `start` was called."""
+        return self._runtime
+
+    async def health_check(self) -> HealthCheck:
+        """Liveness of this process's worker and its database connection."""
+        if self._runtime is not None:
+            return await self._runtime.health()
+        try:
+            await (await self.pool()).fetchval("SELECT 1")
+            connected = True
+        except Exception:
+            connected = False
+        return HealthCheck(healthy=False, postgres_connected=connected, poll_loop_alive=False,
+                           heartbeat_alive=False, shutting_down=False, leader=False)
 
     # -- inspection and admin --------------------------------------------------
 

@@ -55,16 +55,43 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def dumps(value: Any, field: str, *, canonical: bool = False) -> str:
+def dumps(value: Any, field: str) -> str:
     """Serialize to compact JSON or raise `SerializationError` naming ``field``."""
     try:
         text = json.dumps(value, default=_json_default, ensure_ascii=False,
-                          separators=(",", ":"), sort_keys=canonical, allow_nan=False)
+                          separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{field}: {exc}") from exc
     if "\\u0000" in text and _contains_nul(value):
         raise ValidationError(field, "must not contain NUL bytes")
     return text
+
+
+def _canonical_float(x: float) -> str:
+    # The reference SDK's float text: shortest round-trip digits, decimal
+    # notation from 1e-5 up to 1e16, otherwise an exponent without padding.
+    text = repr(x)
+    if "e" not in text:
+        return text
+    mantissa, exp = text.split("e")
+    if int(exp) == -5:
+        return format(Decimal(text), "f")
+    return f"{mantissa}e{'+' if int(exp) > 0 else '-'}{abs(int(exp))}"
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, raw UTF-8, reference float text: the unique-key input."""
+    if isinstance(value, Mapping):
+        items = sorted((str(k), v) for k, v in value.items())
+        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{canonical_json(v)}"
+                              for k, v in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(canonical_json(v) for v in value) + "]"
+    if isinstance(value, float) and not isinstance(value, bool):
+        return _canonical_float(value)
+    if isinstance(value, str | int | bool) or value is None:
+        return json.dumps(value, ensure_ascii=False)
+    return canonical_json(json.loads(dumps(value, "args")))
 
 
 def _contains_nul(value: Any) -> bool:
@@ -170,7 +197,7 @@ def unique_key(kind: str, queue: str, args: Mapping[str, Any], by_queue: bool, b
     if by_queue:
         hasher.update(b"\x00" + queue.encode())
     if by_args:
-        hasher.update(b"\x00" + dumps(args, "args", canonical=True).encode())
+        hasher.update(b"\x00" + canonical_json(args).encode())
     if by_period is not None:
         hasher.update(b"\x00" + struct.pack("<q", by_period))
     return hasher.digest(length=16)

@@ -53,3 +53,8 @@ LEFT JOIN failed f ON f.queue = n.queue
 LEFT JOIN completed c ON c.queue = n.queue
 LEFT JOIN awa.queues q ON q.queue = n.queue
 ORDER BY n.queue
+
+-- name: queue_available_counts
+SELECT queue, count(*) AS n FROM awa.jobs
+WHERE state = 'available' AND queue = ANY($1::text[])
+GROUP BY queue

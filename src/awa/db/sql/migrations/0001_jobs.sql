@@ -258,12 +258,38 @@ CREATE TABLE awa.queues (
 
 -- Per-queue, per-minute outcome counts, written once per completion batch, so
 -- throughput questions never count history rows.
+-- Each worker process writes its own shard, so completers never wait on each other.
 CREATE TABLE awa.queue_throughput (
     queue     text NOT NULL,
     minute    timestamptz NOT NULL,
+    shard     smallint NOT NULL,
     completed bigint NOT NULL DEFAULT 0,
     failed    bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (queue, minute)
+    PRIMARY KEY (queue, minute, shard)
+);
+
+-- Retry backoff after attempt n: min(2^n * (1 + U(0, 0.25)), 24 h). Defined
+-- once, here, and used by every statement that schedules a retry.
+CREATE FUNCTION awa.retry_delay(attempt integer) RETURNS interval
+LANGUAGE sql VOLATILE AS $$
+    SELECT make_interval(secs => least(power(2, least(attempt, 30)) * (1 + random() * 0.25),
+                                       86400))
+$$;
+
+-- One entry of a job's errors list.
+CREATE FUNCTION awa.error_entry(message text, attempt integer, terminal boolean)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN terminal
+        THEN jsonb_build_object('error', message, 'attempt', attempt, 'at', now(), 'terminal', true)
+        ELSE jsonb_build_object('error', message, 'attempt', attempt, 'at', now()) END
+$$;
+
+-- Leadership: one row, held by a lease that the leader renews.
+CREATE TABLE awa.leader (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    holder     text NOT NULL,
+    expires_at timestamptz NOT NULL
 );
 
 -- The one mapping from an active row to a finished one. Every statement that

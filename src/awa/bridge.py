@@ -1,0 +1,388 @@
+"""Enqueue on the application's own connection, inside its own transaction (§3.6).
+
+The job is written by the caller's driver, so it becomes visible if and only if
+the caller's transaction commits. Accepted connections:
+
+* async `insert_job`: asyncpg ``Connection`` (or a pool proxy), psycopg 3
+  ``AsyncConnection``, SQLAlchemy ``AsyncConnection`` / ``AsyncSession``;
+* sync `insert_job_sync`: psycopg 3 ``Connection``, SQLAlchemy ``Connection`` /
+  ``Session``, a Django connection (``django.db.connection`` or
+  ``connections[alias]``).
+
+Optional libraries are never imported here: a connection of theirs can exist
+only if the application already imported them, so they are looked up in
+``sys.modules``. Validation is the producer's (raised before any write); the
+named statement ``job_insert`` is run with its ``$n`` placeholders rewritten to
+the driver's paramstyle; JSON travels as text (the statement casts it).
+
+Unique conflicts: inside a transaction, a unique job is inserted under a
+savepoint, so `UniqueConflict` leaves the caller's transaction usable. Any
+other failed statement aborts the caller's transaction, as Postgres dictates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from awa.db.errors import UNIQUE_CONSTRAINT, translate
+from awa.db.queries import queries
+from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
+from awa.model import Job
+from awa.options import InsertOptions
+from awa.producer import prepare
+
+__all__ = ["insert_job", "insert_job_sync"]
+
+_ASYNC_TYPES = ("an asyncpg Connection (or pool connection), a psycopg AsyncConnection, "
+                "or a SQLAlchemy AsyncConnection / AsyncSession")
+_SYNC_TYPES = ("a psycopg Connection, a SQLAlchemy Connection / Session, "
+               "or a Django connection")
+_OPTION_NAMES = InsertOptions.__optional_keys__ | InsertOptions.__required_keys__
+_JSON_COLUMNS = ("args", "metadata", "errors", "progress", "output")
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+_SCHEMA_STATES = {"42P01", "3F000", "42704", "42883"}  # undefined table/schema/object/function
+Style = Literal["dollar", "format"]
+
+
+def to_paramstyle(sql: str, params: Sequence[Any], style: Style) -> tuple[str, tuple[Any, ...]]:
+    """Rewrite Awa's ``$n`` placeholders for a driver; ``format`` repeats reused params."""
+    if style == "dollar":
+        return sql, tuple(params)
+    ordered: list[Any] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        ordered.append(params[int(match.group(1)) - 1])
+        return "%s"
+
+    return _PLACEHOLDER.sub(placeholder, sql.replace("%", "%%")), tuple(ordered)
+
+
+def _module(name: str) -> Any:
+    """An optional library if the application imported it, else None."""
+    return sys.modules.get(name)
+
+
+# -- driver adapters: the only driver-specific code ------------------------------
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Driver(Generic[T]):
+    """How to run a statement on one connection: ``run(sql, None)`` for utility SQL."""
+
+    run: Callable[[str, Sequence[Any] | None], T]
+    in_transaction: bool  # will a statement run inside a transaction block?
+    json_decoded: bool  # does the driver already turn jsonb into Python values?
+
+
+def _columns(description: Any, row: Any) -> Row | None:
+    return None if row is None else {col[0]: v for col, v in zip(description, row, strict=True)}
+
+
+def _asyncpg(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    async def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+        if params is None:
+            await conn.execute(sql)
+            return None
+        row = await conn.fetchrow(sql, *params)
+        return None if row is None else dict(row.items())
+
+    return _Driver(run, bool(conn.is_in_transaction()), json_decoded=False)
+
+
+def _psycopg_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    async def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+        async with conn.cursor() as cur:
+            if params is None:
+                await cur.execute(sql)
+                return None
+            await cur.execute(*to_paramstyle(sql, params, "format"))
+            return _columns(cur.description, await cur.fetchone())
+
+    # A non-autocommit connection begins implicitly; an autocommit one may be in a block.
+    return _Driver(run, not conn.autocommit or conn.info.transaction_status != 0, True)
+
+
+def _cursor_sync(conn: Any, in_transaction: bool, json_decoded: bool) -> _Driver[Row | None]:
+    """psycopg ``Connection`` and Django connections: DB-API cursors, ``%s`` params."""
+    def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+        with conn.cursor() as cur:
+            if params is None:
+                cur.execute(sql)
+                return None
+            cur.execute(*to_paramstyle(sql, params, "format"))
+            return _columns(cur.description, cur.fetchone())
+
+    return _Driver(run, in_transaction, json_decoded)
+
+
+async def _sqlalchemy_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    style = _sqlalchemy_style(conn.dialect)
+
+    async def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+        if params is None:
+            await conn.exec_driver_sql(sql)
+            return None
+        row = (await conn.exec_driver_sql(*to_paramstyle(sql, params, style))).mappings().first()
+        return None if row is None else dict(row)
+
+    raw = await conn.get_raw_connection()
+    return _Driver(run, not getattr(raw.dbapi_connection, "autocommit", False), True)
+
+
+def _sqlalchemy_sync(conn: Any) -> _Driver[Row | None]:
+    style = _sqlalchemy_style(conn.dialect)
+
+    def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+        if params is None:
+            conn.exec_driver_sql(sql)
+            return None
+        row = conn.exec_driver_sql(*to_paramstyle(sql, params, style)).mappings().first()
+        return None if row is None else dict(row)
+
+    raw = conn.connection.dbapi_connection
+    return _Driver(run, not getattr(raw, "autocommit", False), True)
+
+
+def _sqlalchemy_style(dialect: Any) -> Style:
+    if dialect.name != "postgresql":
+        raise TypeError(f"awa.bridge needs a PostgreSQL engine, not {dialect.name!r}")
+    if dialect.paramstyle == "numeric_dollar":
+        return "dollar"
+    if dialect.paramstyle in ("format", "pyformat"):
+        return "format"
+    raise TypeError(f"awa.bridge: unsupported SQLAlchemy paramstyle {dialect.paramstyle!r}")
+
+
+def _family(conn: Any) -> str | None:
+    """Which driver family ``conn`` belongs to, without side effects."""
+    if isinstance(conn, asyncpg.Connection | PoolConnectionProxy):
+        return "asyncpg"
+    checks = (("psycopg", "AsyncConnection", "psycopg_async"),
+              ("psycopg", "Connection", "psycopg"),
+              ("sqlalchemy.ext.asyncio", "AsyncSession", "sa_async_session"),
+              ("sqlalchemy.ext.asyncio", "AsyncConnection", "sa_async"),
+              ("sqlalchemy.orm", "Session", "sa_session"),
+              ("sqlalchemy.engine", "Connection", "sa"),
+              ("django.utils.connection", "ConnectionProxy", "django"),
+              ("django.db.backends.base.base", "BaseDatabaseWrapper", "django"))
+    for module, name, family in checks:
+        cls = getattr(_module(module), name, None)
+        if isinstance(cls, type) and isinstance(conn, cls):
+            return family
+    return None
+
+
+_ASYNC_FAMILIES = frozenset({"asyncpg", "psycopg_async", "sa_async_session", "sa_async"})
+
+
+def _wrong_type(func: str, accepted: str, conn: Any, family: str | None) -> TypeError:
+    cls = type(conn)
+    name = f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+    hint = ""
+    if family is not None:
+        hint = (" (use insert_job_sync for sync connections)" if func == "insert_job"
+                else " (use insert_job for async connections)")
+    return TypeError(f"{func}() needs {accepted}; got {name}{hint}")
+
+
+async def _async_driver(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    """The driver of an async connection, or TypeError naming the accepted types."""
+    family = _family(conn)
+    if family == "asyncpg":
+        return _asyncpg(conn)
+    if family == "psycopg_async":
+        return _psycopg_async(conn)
+    if family == "sa_async_session":
+        return await _sqlalchemy_async(await conn.connection())
+    if family == "sa_async":
+        return await _sqlalchemy_async(conn)
+    raise _wrong_type("insert_job", _ASYNC_TYPES, conn, family)
+
+
+def _sync_driver(conn: Any) -> _Driver[Row | None]:
+    """The driver of a sync connection, or TypeError naming the accepted types."""
+    family = _family(conn)
+    if family == "psycopg":
+        in_tx = not conn.autocommit or conn.info.transaction_status != 0
+        return _cursor_sync(conn, in_tx, json_decoded=True)
+    if family == "sa_session":
+        return _sqlalchemy_sync(conn.connection())
+    if family == "sa":
+        return _sqlalchemy_sync(conn)
+    if family == "django":
+        conn = _module("django.db").connections[conn.alias]  # resolves the proxy
+        if conn.vendor != "postgresql":
+            raise TypeError(f"awa.bridge needs a PostgreSQL database, not {conn.vendor!r}")
+        # Django loads jsonb as text (JSONField decodes it).
+        return _cursor_sync(conn, not conn.get_autocommit(), json_decoded=False)
+    raise _wrong_type("insert_job_sync", _SYNC_TYPES, conn, family)
+
+
+# -- errors and rows -----------------------------------------------------------
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The error, what it wraps (SQLAlchemy ``.orig``, Django ``__cause__``), and so on."""
+    seen: list[BaseException] = []
+    todo: list[Any] = [exc]
+    while todo and len(seen) < 8:
+        err = todo.pop(0)
+        if isinstance(err, BaseException) and err not in seen:
+            seen.append(err)
+            todo += [getattr(err, "orig", None), err.__cause__]
+    return seen
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    bases = [getattr(_module(m), n, None) for m, n in (
+        ("psycopg", "Error"), ("psycopg2", "Error"), ("sqlalchemy.exc", "DBAPIError"),
+        ("django.db", "Error"))]
+    kinds = tuple(b for b in bases if isinstance(b, type))
+    return isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, *kinds))
+
+
+def _translate(exc: Exception) -> AwaError | None:
+    """The Awa error for a failure of any supported driver, else None."""
+    for err in _chain(exc):
+        if isinstance(err, AwaError):
+            return err
+        if isinstance(err, asyncpg.PostgresError | asyncpg.InterfaceError):
+            return translate(err)
+        diag = getattr(err, "diag", None)  # psycopg 3 and psycopg2
+        sqlstate = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if diag is not None and sqlstate:
+            if sqlstate == "23505" and diag.constraint_name == UNIQUE_CONSTRAINT:
+                detail = diag.message_detail or ""
+                holder = int(detail) if detail.isdigit() else None
+                suffix = f" (held by job {holder})" if holder is not None else ""
+                return UniqueConflict(f"a job with the same unique key already exists{suffix}",
+                                      conflicting_job_id=holder)
+            if sqlstate in _SCHEMA_STATES:
+                return SchemaNotMigrated(f"the Awa schema is missing or out of date ({err}); "
+                                         "run `awa migrate` or `client.migrate()`")
+    if any(_is_driver_error(err) for err in _chain(exc)):
+        return DatabaseError(f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _decoded(row: dict[str, Any], json_decoded: bool) -> dict[str, Any]:
+    """Normalize a row from any driver: JSON text → values, memoryview → bytes."""
+    for name in _JSON_COLUMNS:
+        value = row.get(name)
+        # args/metadata are always objects; other columns may hold a JSON string.
+        if isinstance(value, str) and (name in ("args", "metadata") or not json_decoded):
+            row[name] = json.loads(value)
+    for name, value in row.items():
+        if isinstance(value, memoryview):
+            row[name] = value.tobytes()
+    return row
+
+
+def _job_dict(row: dict[str, Any] | None) -> dict[str, Any]:
+    """A `Job`'s fields as a dict with Python values (``state`` as its lowercase name)."""
+    if row is None:
+        raise DatabaseError("the insert returned no row")
+    job = Job.from_row(row)
+    out = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    out["state"] = str(job.state)
+    out["traceparent"] = job.traceparent
+    return out
+
+
+# -- the shared statement runners ------------------------------------------------
+
+_SAVEPOINT = "SAVEPOINT awa_bridge"
+_UNDO = ("ROLLBACK TO SAVEPOINT awa_bridge", "RELEASE SAVEPOINT awa_bridge")
+
+
+def _reraise(exc: Exception) -> NoReturn:
+    err = _translate(exc)
+    if err is None or err is exc:
+        raise exc
+    raise err from exc
+
+
+async def _execute_returning(conn: Any, sql_name: str, params: Sequence[Any], *,
+                             schema: str, savepoint: bool) -> Row | None:
+    """Run a named statement on the caller's async connection; one row or None.
+
+    With ``savepoint`` (and inside a transaction) a failure is rolled back to a
+    savepoint, so the caller's transaction stays usable.
+    """
+    sql = queries(schema)[sql_name]
+    db = await _async_driver(conn)
+    guarded = savepoint and db.in_transaction
+    try:
+        if guarded:
+            await db.run(_SAVEPOINT, None)
+        try:
+            row = await db.run(sql, params)
+        except Exception:
+            for undo in _UNDO if guarded else ():
+                await db.run(undo, None)
+            raise
+        if guarded:
+            await db.run(_UNDO[1], None)
+    except Exception as exc:
+        _reraise(exc)
+    return None if row is None else _decoded(row, db.json_decoded)
+
+
+def _execute_returning_sync(conn: Any, sql_name: str, params: Sequence[Any], *,
+                            schema: str, savepoint: bool) -> Row | None:
+    """The sync twin of `_execute_returning`."""
+    sql = queries(schema)[sql_name]
+    db = _sync_driver(conn)
+    guarded = savepoint and db.in_transaction
+    try:
+        if guarded:
+            db.run(_SAVEPOINT, None)
+        try:
+            row = db.run(sql, params)
+        except Exception:
+            for undo in _UNDO if guarded else ():
+                db.run(undo, None)
+            raise
+        if guarded:
+            db.run(_UNDO[1], None)
+    except Exception as exc:
+        _reraise(exc)
+    return None if row is None else _decoded(row, db.json_decoded)
+
+
+def _check_options(func: str, opts: dict[str, Any]) -> None:
+    unknown = sorted(set(opts) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"{func}() got unexpected keyword argument(s) {unknown}")
+
+
+async def insert_job(conn: Any, args: Any, *, schema: str = "awa",
+                     **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+    """Insert a job on the caller's async connection, in its current transaction."""
+    _check_options("insert_job", dict(opts))
+    job = prepare(args, **opts)
+    row = await _execute_returning(conn, "job_insert", job.insert_params(), schema=schema,
+                                   savepoint=job.unique_key is not None)
+    return _job_dict(row)
+
+
+def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
+                    **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+    """Insert a job on the caller's sync connection, in its current transaction."""
+    _check_options("insert_job_sync", dict(opts))
+    job = prepare(args, **opts)
+    row = _execute_returning_sync(conn, "job_insert", job.insert_params(), schema=schema,
+                                  savepoint=job.unique_key is not None)
+    return _job_dict(row)

@@ -1,0 +1,126 @@
+-- Statements of a running attempt: claim, heartbeat, and every outcome.
+-- Each outcome is one statement guarded by (id, run_lease, state = running);
+-- a guard that matches no row drops the write (the attempt went stale).
+
+-- name: attempt_claim
+-- Up to $2 jobs of queue $1, most urgent first after aging ($4 = aging
+-- interval in seconds, 0 = off), FIFO within a priority. The best candidates
+-- of each raw priority are its oldest, so four short index scans find the
+-- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
+WITH open AS (
+    SELECT NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
+), c1 AS (
+    SELECT id, priority, run_at FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 1 AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c2 AS (
+    SELECT id, priority, run_at FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 2 AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c3 AS (
+    SELECT id, priority, run_at FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 3 AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c4 AS (
+    SELECT id, priority, run_at FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 4 AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM (SELECT * FROM c1 UNION ALL SELECT * FROM c2
+                    UNION ALL SELECT * FROM c3 UNION ALL SELECT * FROM c4) c
+    ORDER BY CASE WHEN $4::float8 > 0
+                  THEN greatest(1, priority - floor(extract(epoch FROM now() - run_at) / $4))
+                  ELSE priority END,
+             run_at, id
+    LIMIT $2
+)
+UPDATE awa.jobs j
+SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+    attempted_at = now(), heartbeat_at = now(),
+    deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
+FROM picked WHERE j.id = picked.id
+RETURNING j.*
+
+-- name: attempt_heartbeat
+-- Returns the attempts still owned; a missing one was rescued or cancelled.
+UPDATE awa.jobs j SET heartbeat_at = now()
+FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
+WHERE j.id = c.id AND j.run_lease = c.lease AND j.state IN ('running', 'waiting_external')
+RETURNING j.id
+
+-- name: attempt_complete_batch
+-- Finish many attempts in one round trip, each under its own lease guard.
+-- Returns the ids that completed; the rest were stale and changed nothing.
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, output)
+), moved AS (
+    DELETE FROM awa.jobs j USING c
+    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state = 'running'
+    RETURNING j, c.output
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m,
+        LATERAL awa.finished(m.j, 'completed', $4::interval, NULL, NULL, true, m.output) f
+    RETURNING id, queue
+), counted AS (
+    INSERT INTO awa.queue_throughput (queue, minute, shard, completed)
+    SELECT queue, date_trunc('minute', now()), $5, count(*) FROM done GROUP BY queue
+    ON CONFLICT (queue, minute, shard)
+    DO UPDATE SET completed = awa.queue_throughput.completed + EXCLUDED.completed
+)
+SELECT id FROM done
+
+-- name: attempt_fail
+-- Failure ($3 = error text, $5 = progress to keep or NULL, $7 = marks the
+-- entry terminal: a TerminalError, as opposed to attempts running out).
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
+    RETURNING j
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m,
+        LATERAL awa.finished(m.j, 'failed', $4::interval,
+                             awa.error_entry($3, (m.j).attempt, $7), $5::jsonb) f
+    RETURNING id, queue
+), counted AS (
+    INSERT INTO awa.queue_throughput (queue, minute, shard, failed)
+    SELECT queue, date_trunc('minute', now()), $6, count(*) FROM done GROUP BY queue
+    ON CONFLICT (queue, minute, shard)
+    DO UPDATE SET failed = awa.queue_throughput.failed + EXCLUDED.failed
+)
+SELECT id FROM done
+
+-- name: attempt_cancel
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
+    RETURNING j
+)
+INSERT INTO awa.jobs_done
+SELECT f.* FROM moved m,
+    LATERAL awa.finished(m.j, 'cancelled', $4::interval,
+                         awa.error_entry($3, (m.j).attempt, false), $5::jsonb) f
+RETURNING id
+
+-- name: attempt_retry
+-- Back to retryable after $3 seconds (NULL = backoff), recording error $4 if given.
+UPDATE awa.jobs j
+SET state = 'retryable',
+    run_at = now() + coalesce(make_interval(secs => $3::float8), awa.retry_delay(j.attempt)),
+    errors = CASE WHEN $4::text IS NULL THEN j.errors
+                  ELSE coalesce(j.errors, '[]'::jsonb)
+                       || jsonb_build_array(awa.error_entry($4, j.attempt, false)) END,
+    progress = coalesce($5::jsonb, j.progress),
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
+WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
+RETURNING j.id
+
+-- name: attempt_snooze
+-- Run again after $3 seconds without consuming an attempt.
+UPDATE awa.jobs j
+SET state = 'scheduled', run_at = now() + make_interval(secs => $3::float8),
+    attempt = greatest(j.attempt - 1, 0), progress = coalesce($4::jsonb, j.progress),
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
+WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
+RETURNING j.id

@@ -1,0 +1,76 @@
+-- Statements of the maintenance services: leadership, promotion, rescue, cleanup.
+
+-- name: leader_acquire
+-- Take or renew the leader lease; returns a row only to the leader.
+INSERT INTO awa.leader AS l (singleton, holder, expires_at)
+VALUES (true, $1, now() + $2::interval)
+ON CONFLICT (singleton) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+WHERE l.holder = EXCLUDED.holder OR l.expires_at < now()
+RETURNING holder
+
+-- name: leader_release
+DELETE FROM awa.leader WHERE holder = $1
+
+-- name: leader_current
+SELECT holder, expires_at FROM awa.leader WHERE expires_at >= now()
+
+-- name: job_promote_due
+-- Make due scheduled / retryable jobs available and wake their queues.
+WITH due AS (
+    SELECT id FROM awa.jobs
+    WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
+    ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE awa.jobs j SET state = 'available' FROM due WHERE j.id = due.id RETURNING j.queue
+)
+SELECT queue, count(*) AS n, pg_notify('awa_jobs', queue) FROM promoted GROUP BY queue
+
+-- name: job_rescue_running
+-- Attempts whose heartbeat is older than $1 or whose deadline passed: back to
+-- retryable with backoff, or failed when attempts are exhausted. Each rescued
+-- id is notified on awa_cancel so a still-live handler learns it lost the job.
+WITH stale AS (
+    SELECT id, CASE WHEN deadline_at < now() THEN 'hard deadline exceeded'
+                    ELSE 'heartbeat stale' END AS reason
+    FROM awa.jobs
+    WHERE state = 'running'
+      AND (heartbeat_at < now() - $1::interval OR deadline_at < now())
+    LIMIT $2 FOR UPDATE SKIP LOCKED
+), failing AS (
+    DELETE FROM awa.jobs j USING stale s
+    WHERE j.id = s.id AND j.attempt >= j.max_attempts
+    RETURNING j, s.reason
+), failed AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM failing m,
+        LATERAL awa.finished(m.j, 'failed', $3::interval,
+                             awa.error_entry(m.reason, (m.j).attempt, true)) f
+    RETURNING id, queue, kind, 'failed'::text AS outcome
+), retried AS (
+    UPDATE awa.jobs j
+    SET state = 'retryable', run_at = now() + awa.retry_delay(j.attempt),
+        errors = coalesce(j.errors, '[]'::jsonb)
+                 || jsonb_build_array(awa.error_entry(s.reason, j.attempt, false)),
+        heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
+    FROM stale s
+    WHERE j.id = s.id AND j.attempt < j.max_attempts
+    RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
+)
+SELECT r.*, pg_notify('awa_cancel', r.id::text)
+FROM (SELECT * FROM failed UNION ALL SELECT * FROM retried) r
+
+-- name: done_partitions_ensure
+SELECT awa.ensure_done_partitions($1)
+
+-- name: done_partitions_drop
+SELECT awa.drop_done_partitions(now())
+
+-- name: done_default_prune
+-- Stray finished rows (no partition covered them) are deleted in batches.
+WITH old AS (
+    SELECT ctid FROM awa.jobs_done_default WHERE prune_after < now() LIMIT $1
+)
+DELETE FROM awa.jobs_done_default d USING old WHERE d.ctid = old.ctid
+
+-- name: throughput_prune
+DELETE FROM awa.queue_throughput WHERE minute < now() - interval '7 days'

@@ -1,0 +1,82 @@
+"""Dispatcher: one claim loop per queue.
+
+Second stop of the pipeline (Postgres → dispatcher → executor). It claims as
+many jobs as the queue has free slots (capped by the claim batch size and the
+rate limit) and hands each to the runtime to run. It sleeps until a NOTIFY
+for its queue, a freed slot, or the poll interval, whichever comes first, so
+it works with polling alone when LISTEN is unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import asyncpg
+
+from awa.capacity import Capacity, TokenBucket
+from awa.config import QueueConfig
+from awa.db.queries import Queries
+from awa.model import Job
+
+log = logging.getLogger("awa.dispatcher")
+
+
+class Dispatcher:
+    """Claims jobs of one queue into free slots."""
+
+    def __init__(self, cfg: QueueConfig, pool: asyncpg.Pool, q: Queries, capacity: Capacity,
+                 launch: Callable[[Job], None], poll_interval: float) -> None:
+        self.cfg = cfg
+        self._pool = pool
+        self._q = q
+        self._capacity = capacity
+        self._launch = launch
+        self._poll = poll_interval
+        self._limiter = TokenBucket(cfg.rate_limit) if cfg.rate_limit else None
+        self._signal = asyncio.Event()
+        self.last_loop_at = time.monotonic()
+        self.claimed = 0
+
+    def wake(self) -> None:
+        """Claim again now (a NOTIFY arrived, a slot freed, or we are stopping)."""
+        self._signal.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Loop until ``stopping`` is set."""
+        name = self.cfg.name
+        aging = self.cfg.priority_aging_interval.total_seconds()
+        deadline = self.cfg.deadline.total_seconds()
+        while not stopping.is_set():
+            self.last_loop_at = time.monotonic()
+            free = self._capacity.free(name)
+            want = min(free, self.cfg.claim_batch_size)
+            timeout = self._poll
+            if self._limiter is not None and want > 0:
+                want = min(want, self._limiter.available())
+                if want == 0:
+                    timeout = min(timeout, self._limiter.wait_time())
+            if want > 0:
+                self._signal.clear()
+                try:
+                    rows = await self._pool.fetch(self._q["attempt_claim"], name, want,
+                                                  deadline, aging)
+                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+                    log.warning("claim from %r failed: %s", name, exc)
+                    rows = []
+                if self._limiter is not None:
+                    self._limiter.take(len(rows))
+                for row in rows:
+                    self._capacity.acquire(name)
+                    self._launch(Job.from_row(row))
+                self.claimed += len(rows)
+                more = len(rows) == want
+                self._capacity.set_hungry(name, more and want == free)
+                if more:
+                    continue
+            try:
+                await asyncio.wait_for(self._signal.wait(), timeout)
+            except TimeoutError:
+                pass

@@ -1,0 +1,121 @@
+"""Executor: run one claimed job and turn what happened into an `Outcome`.
+
+Third stop of the pipeline (dispatcher → executor → completion). It rebuilds
+the typed args, runs the handler (``async def`` on the loop, plain ``def`` in
+the thread pool) and maps its return value or exception (spec §3.5). It
+writes nothing: `awa.completion` records the outcome under the run lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from awa import producer, states
+from awa.context import JobContext
+from awa.errors import SerializationError, TerminalError, ValidationError
+from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
+from awa.tasks import Registry
+
+OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait"]
+TRACEBACK_FRAMES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an attempt came to, ready to be written."""
+
+    kind: OutcomeKind
+    delay: float | None = None  #: seconds, for retry (None = backoff) and snooze
+    error: str | None = None  #: the errors-list message, for retry / fail / cancel
+    terminal: bool = False  #: a fail caused by TerminalError (not by running out of attempts)
+    output_json: str | None = None  #: retained output of a completed job
+    token: str | None = None  #: callback id, for wait
+
+
+def describe_error(exc: BaseException) -> str:
+    """Exception type, message and a short traceback, for the job's errors list."""
+    head = f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]
+    if not frames:
+        return head
+    return head + "\n" + "".join(traceback.format_list(frames)).rstrip()
+
+
+def _seconds(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValidationError(field, "must be a number of seconds >= 0")
+    return float(value)
+
+
+def outcome_of(result: Any, job: Job) -> Outcome:
+    """Map a handler's return value to an outcome."""
+    if isinstance(result, RetryAfter):
+        if job.attempt >= job.max_attempts:
+            return Outcome("fail", error="RetryAfter: attempts exhausted")
+        return Outcome("retry", delay=_seconds("RetryAfter.seconds", result.seconds))
+    if isinstance(result, Snooze):
+        return Outcome("snooze", delay=_seconds("Snooze.seconds", result.seconds))
+    if isinstance(result, Cancel):
+        return Outcome("cancel", error=f"cancelled: {result.reason}")
+    if isinstance(result, WaitForCallback):
+        return Outcome("wait", token=result.token.id)
+    if isinstance(result, Output):
+        text = producer.dumps(result.value, "output")
+        if len(text.encode()) > states.OUTPUT_MAX_BYTES:
+            return Outcome("fail", error="Output: larger than 64 KiB")
+        return Outcome("completed", output_json=text)
+    return Outcome("completed")
+
+
+def outcome_of_error(exc: BaseException, job: Job) -> Outcome:
+    """Map a handler's exception to an outcome."""
+    if isinstance(exc, TerminalError):
+        return Outcome("fail", error=describe_error(exc), terminal=True)
+    if job.attempt >= job.max_attempts:
+        return Outcome("fail", error=describe_error(exc))
+    return Outcome("retry", error=describe_error(exc))
+
+
+class JobExecutor:
+    """Runs handlers for claimed jobs; one per worker process."""
+
+    def __init__(self, registry: Registry, threads: Executor) -> None:
+        self._registry = registry
+        self._threads = threads
+
+    def prepare(self, job: Job) -> tuple[JobContext | None, Outcome | None]:
+        """The handler context, or the outcome that makes running impossible."""
+        spec = self._registry.get(job.kind)
+        if spec is None:
+            return None, Outcome("fail", error=f"UnknownJobKind: no handler for {job.kind!r}",
+                                 terminal=True)
+        try:
+            args = spec.build_args(job.args)
+        except Exception as exc:
+            err = SerializationError(f"args of {job.kind!r} do not decode: {exc}")
+            return None, Outcome("fail", error=describe_error(err), terminal=True)
+        return JobContext(job, args), None
+
+    async def run(self, job: Job, ctx: JobContext,
+                  on_start: Callable[[], None] | None = None) -> Outcome:
+        """Run the handler of ``job`` and return its outcome (never raises)."""
+        spec = self._registry.get(job.kind)
+        assert spec is not None
+        if on_start is not None:
+            on_start()
+        try:
+            if spec.is_async:
+                result = await spec.handler(ctx)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._threads, spec.handler, ctx)
+            return outcome_of(result, job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return outcome_of_error(exc, job)

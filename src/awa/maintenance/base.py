@@ -1,0 +1,52 @@
+"""The one shape of every background service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import timedelta
+
+log = logging.getLogger("awa.maintenance")
+
+
+class PeriodicService(ABC):
+    """Runs `run_once` every ``interval`` (with jitter), optionally only when leading."""
+
+    name = "service"
+    leader_only = True
+
+    def __init__(self, interval: timedelta, is_leader: Callable[[], bool]) -> None:
+        self.interval = interval.total_seconds()
+        self._is_leader = is_leader
+        self.last_run_at: float | None = None
+        self.runs = 0
+        self.failures = 0
+
+    @abstractmethod
+    async def run_once(self) -> None:
+        """One pass of work."""
+
+    def _sleep_for(self) -> float:
+        return self.interval * random.uniform(0.9, 1.1)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Loop until ``stopping`` is set; a failing pass is logged, never fatal."""
+        while not stopping.is_set():
+            if not self.leader_only or self._is_leader():
+                try:
+                    await self.run_once()
+                    self.runs += 1
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    self.failures += 1
+                    log.warning("%s pass failed", self.name, exc_info=True)
+                self.last_run_at = time.monotonic()
+            try:
+                await asyncio.wait_for(stopping.wait(), self._sleep_for())
+            except TimeoutError:
+                pass

@@ -1,0 +1,119 @@
+"""The leader's services (promotion, rescue, cleanup) and every process's heartbeat."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+import asyncpg
+
+from awa.db.queries import Queries
+from awa.maintenance.base import PeriodicService
+
+log = logging.getLogger("awa.maintenance")
+PROMOTE_BATCH = 5000
+RESCUE_BATCH = 1000
+
+
+class Promoter(PeriodicService):
+    """Scheduled and retryable jobs whose time has come become available."""
+
+    name = "promote"
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 is_leader: Callable[[], bool]) -> None:
+        super().__init__(interval, is_leader)
+        self._pool, self._q = pool, q
+        self.promoted = 0
+
+    async def run_once(self) -> None:
+        while True:
+            rows = await self._pool.fetch(self._q["job_promote_due"], PROMOTE_BATCH)
+            n = sum(r["n"] for r in rows)
+            self.promoted += n
+            if n < PROMOTE_BATCH:
+                return
+
+
+class Rescuer(PeriodicService):
+    """Attempts with a stale heartbeat or a passed deadline go back to retryable."""
+
+    name = "rescue"
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 is_leader: Callable[[], bool], *, staleness: timedelta,
+                 failed_retention: timedelta) -> None:
+        super().__init__(interval, is_leader)
+        self._pool, self._q = pool, q
+        self._staleness = staleness
+        self._failed_retention = failed_retention
+        self.rescued = 0
+
+    async def run_once(self) -> None:
+        while True:
+            rows = await self._pool.fetch(self._q["job_rescue_running"], self._staleness,
+                                          RESCUE_BATCH, self._failed_retention)
+            self.rescued += len(rows)
+            for r in rows:
+                log.info("rescued job %d (%s) -> %s", r["id"], r["kind"], r["outcome"])
+            if len(rows) < RESCUE_BATCH:
+                return
+
+
+class Cleaner(PeriodicService):
+    """Keeps finished-job partitions rolling and drops the expired ones."""
+
+    name = "cleanup"
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 is_leader: Callable[[], bool], *, horizon: timedelta, batch_size: int) -> None:
+        super().__init__(interval, is_leader)
+        self._pool, self._q = pool, q
+        self._horizon = horizon
+        self._batch = batch_size
+        self.pruned = 0
+
+    async def run_once(self) -> None:
+        q = self._q
+        async with self._pool.acquire() as conn:
+            until = await conn.fetchval("SELECT now() + $1::interval", self._horizon)
+            await conn.execute(q["done_partitions_ensure"], until)
+            self.pruned += int(await conn.fetchval(q["done_partitions_drop"]) or 0)
+            while True:
+                status = await conn.execute(q["done_default_prune"], self._batch)
+                n = int(status.rsplit(" ", 1)[-1])
+                self.pruned += n
+                if n < self._batch:
+                    break
+            await conn.execute(q["throughput_prune"])
+
+
+class Heartbeat(PeriodicService):
+    """Refreshes this process's running attempts; reports the ones it lost."""
+
+    name = "heartbeat"
+    leader_only = False
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 attempts: Callable[[], dict[int, int]],
+                 lost: Callable[[int], None]) -> None:
+        super().__init__(interval, lambda: True)
+        self._pool, self._q = pool, q
+        self._attempts = attempts
+        self._lost = lost
+
+    def _sleep_for(self) -> float:
+        return self.interval  # no jitter: staleness is measured against it
+
+    async def run_once(self) -> None:
+        attempts = self._attempts()
+        if not attempts:
+            return
+        ids = list(attempts)
+        rows = await self._pool.fetch(self._q["attempt_heartbeat"], ids,
+                                      [attempts[i] for i in ids])
+        alive = {r["id"] for r in rows}
+        for job_id in ids:
+            if job_id not in alive:
+                self._lost(job_id)

@@ -1,0 +1,294 @@
+"""Runtime: owns a worker process's services, from `start()` to `shutdown()`.
+
+It wires the pipeline together: dispatchers claim (one per queue), the
+executor runs handlers, the completer writes outcomes, and the maintenance
+services (leader election, heartbeat, promotion, rescue, cleanup) keep the
+fleet healthy. A LISTEN connection turns NOTIFYs into prompt wake-ups; when
+it is unavailable the dispatchers simply poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from awa.capacity import Capacity
+from awa.completion import Completer
+from awa.config import RuntimeConfig
+from awa.context import JobContext
+from awa.db.queries import Queries
+from awa.dispatcher import Dispatcher
+from awa.executor import JobExecutor, Outcome
+from awa.maintenance.base import PeriodicService
+from awa.maintenance.leader import LeaderElection
+from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
+from awa.model import Job
+from awa.tasks import Registry
+
+log = logging.getLogger("awa.runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHealth:
+    """One queue as this process serves it."""
+
+    in_flight: int
+    available: int
+    max_workers: int
+    min_workers: int
+    weight: int
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    """What `health_check()` reports (spec §3.2)."""
+
+    healthy: bool
+    postgres_connected: bool
+    poll_loop_alive: bool
+    heartbeat_alive: bool
+    shutting_down: bool
+    leader: bool
+    queues: dict[str, QueueHealth] = field(default_factory=dict)
+    listen_enabled: bool = False
+
+
+@dataclass(slots=True)
+class _Attempt:
+    lease: int
+    ctx: JobContext
+    queue: str
+
+
+class Runtime:
+    """One worker process's job-running machinery."""
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, registry: Registry,
+                 config: RuntimeConfig, database_url: str) -> None:
+        self.config = config
+        self._pool = pool
+        self._q = q
+        self._url = database_url
+        self.instance_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.capacity = Capacity(config.queues, config.global_max_workers)
+        total = sum(self.capacity.limit(qc.name) for qc in config.queues)
+        self._threads = ThreadPoolExecutor(max_workers=max(1, min(total, 256)),
+                                           thread_name_prefix="awa-handler")
+        self._executor = JobExecutor(registry, self._threads)
+        self.completer = Completer(pool, q, completed_retention=config.completed_retention,
+                                   failed_retention=config.failed_retention)
+        poll = config.poll_interval.total_seconds()
+        self.dispatchers = {qc.name: Dispatcher(qc, pool, q, self.capacity, self._launch, poll)
+                            for qc in config.queues}
+        self.leader = LeaderElection(pool, q, self.instance_id, config.leader_election_interval)
+        self.services: list[PeriodicService] = self._make_services()
+        self._attempts: dict[int, _Attempt] = {}
+        self._job_tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._stop_claiming = asyncio.Event()
+        self._stop_services = asyncio.Event()
+        self._listener: asyncpg.Connection | None = None
+        self._listen_task: asyncio.Task[None] | None = None
+        self.shutting_down = False
+
+    def _make_services(self) -> list[PeriodicService]:
+        c, pool, q = self.config, self._pool, self._q
+        is_leader = lambda: self.leader.is_leader  # noqa: E731
+        rescue_every = min(c.heartbeat_rescue_interval, c.deadline_rescue_interval)
+        horizon = max(c.completed_retention, c.failed_retention) + c.cleanup_interval * 2
+        return [
+            self.leader,
+            Heartbeat(pool, q, c.heartbeat_interval, self._live_attempts, self._lost),
+            Promoter(pool, q, c.promote_interval, is_leader),
+            Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
+                    failed_retention=c.failed_retention),
+            Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
+                    batch_size=c.cleanup_batch_size),
+        ]
+
+    def service(self, name: str) -> PeriodicService:
+        """The service called ``name`` (tests drive them with ``run_once``)."""
+        return next(s for s in self.services if s.name == name)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.completer.start()
+        if self.config.listen:
+            self._listen_task = asyncio.create_task(self._listen_loop(), name="awa-listen")
+        for svc in self.services:
+            self._loops.append(asyncio.create_task(svc.run(self._stop_services),
+                                                   name=f"awa-{svc.name}"))
+        for name, d in self.dispatchers.items():
+            self._loops.append(asyncio.create_task(d.run(self._stop_claiming),
+                                                   name=f"awa-dispatch-{name}"))
+
+    async def shutdown(self, timeout: float) -> None:
+        """Stop claiming, let handlers finish up to ``timeout`` s, then abandon the rest."""
+        self.shutting_down = True
+        self._stop_claiming.set()
+        for d in self.dispatchers.values():
+            d.wake()
+        if self._job_tasks:
+            _, pending = await asyncio.wait(set(self._job_tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("abandoned %d running jobs at shutdown; rescue will retry them",
+                            len(pending))
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self.completer.stop()
+        self._stop_services.set()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            await asyncio.gather(self._listen_task, return_exceptions=True)
+        if self._listener is not None and not self._listener.is_closed():
+            await self._listener.close()
+        try:
+            await self.leader.resign()
+        except Exception:
+            log.warning("could not resign leadership", exc_info=True)
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # -- running jobs -------------------------------------------------------------------
+
+    def _launch(self, job: Job) -> None:
+        task = asyncio.create_task(self._run(job))
+        self._job_tasks.add(task)
+        task.add_done_callback(self._job_tasks.discard)
+
+    async def _run(self, job: Job) -> None:
+        ctx, early = self._executor.prepare(job)
+        outcome: Outcome | None = early
+        if ctx is not None:
+            self._attempts[job.id] = _Attempt(job.run_lease, ctx, job.queue)
+            try:
+                outcome = await self._executor.run(job, ctx)
+            except asyncio.CancelledError:
+                # Shutdown abandoned the handler: the job stays running and is
+                # rescued once its heartbeat goes stale.
+                ctx._cancel()
+                self._attempts.pop(job.id, None)
+                self._release(job.queue)
+                raise
+        self._release(job.queue)
+        assert outcome is not None
+        try:
+            await self._record(job, outcome)
+        finally:
+            attempt = self._attempts.get(job.id)
+            if attempt is not None and attempt.lease == job.run_lease:
+                del self._attempts[job.id]
+
+    async def _record(self, job: Job, outcome: Outcome) -> None:
+        if outcome.kind == "completed":
+            self.completer.complete(job.id, job.run_lease, outcome.output_json)
+            return
+        if outcome.kind == "wait":
+            outcome = Outcome("fail", error="WaitForCallback returned without a callback "
+                              "registered in this attempt", terminal=True)
+        written = await self.completer.write(job.id, job.run_lease, outcome)
+        if not written:
+            log.info("outcome of job %d dropped: its run lease is stale", job.id)
+
+    def _release(self, queue: str) -> None:
+        self.capacity.release(queue)
+        if self.config.weighted:
+            for d in self.dispatchers.values():
+                d.wake()
+        else:
+            self.dispatchers[queue].wake()
+
+    def _live_attempts(self) -> dict[int, int]:
+        live = {job_id: a.lease for job_id, a in self._attempts.items()}
+        live.update(self.completer.pending())
+        return live
+
+    def _lost(self, job_id: int) -> None:
+        attempt = self._attempts.get(job_id)
+        if attempt is not None:
+            attempt.ctx._cancel()
+
+    def running_context(self, job_id: int) -> JobContext | None:
+        attempt = self._attempts.get(job_id)
+        return attempt.ctx if attempt is not None else None
+
+    # -- LISTEN -------------------------------------------------------------------------
+
+    def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
+        if not isinstance(payload, str):
+            return
+        if channel == "awa_jobs":
+            d = self.dispatchers.get(payload)
+            if d is not None:
+                d.wake()
+        elif channel == "awa_cancel" and payload.isdigit():
+            self._lost(int(payload))
+
+    async def _listen_loop(self) -> None:
+        """Keep a LISTEN connection open; reconnect after failures, poll meanwhile."""
+        delay = 0.1
+        while not self._stop_services.is_set():
+            try:
+                if self._listener is None or self._listener.is_closed():
+                    self._listener = await asyncpg.connect(self._url)
+                    await self._listener.add_listener("awa_jobs", self._on_notify)
+                    await self._listener.add_listener("awa_cancel", self._on_notify)
+                    for d in self.dispatchers.values():
+                        d.wake()  # catch up on anything sent while disconnected
+                    delay = 0.1
+                await asyncio.sleep(self.config.poll_interval.total_seconds())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN connection unavailable (%s); polling", exc)
+                self._listener = None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
+    # -- health -------------------------------------------------------------------------
+
+    async def health(self) -> HealthCheck:
+        try:
+            await self._pool.fetchval("SELECT 1")
+            connected = True
+        except Exception:
+            connected = False
+        now = time.monotonic()
+        poll_limit = max(5.0, self.config.poll_interval.total_seconds() * 10)
+        poll_alive = not self._stop_claiming.is_set() and all(
+            now - d.last_loop_at < poll_limit or self.capacity.free(n) == 0
+            for n, d in self.dispatchers.items())
+        hb = self.service("heartbeat")
+        hb_alive = not self._stop_services.is_set() and hb.last_run_at is not None and (
+            now - hb.last_run_at < hb.interval * 3)
+        available: dict[str, int] = {}
+        if connected:
+            rows = await self._pool.fetch(
+                self._q["queue_available_counts"], list(self.dispatchers))
+            available = {r["queue"]: r["n"] for r in rows}
+        queues = {
+            qc.name: QueueHealth(
+                in_flight=self.capacity.in_use(qc.name), available=available.get(qc.name, 0),
+                max_workers=self.capacity.limit(qc.name), min_workers=qc.min_workers,
+                weight=qc.weight)
+            for qc in self.config.queues}
+        return HealthCheck(
+            healthy=connected and poll_alive and hb_alive and not self.shutting_down,
+            postgres_connected=connected, poll_loop_alive=poll_alive, heartbeat_alive=hb_alive,
+            shutting_down=self.shutting_down, leader=self.leader.is_leader, queues=queues,
+            listen_enabled=self.listening)

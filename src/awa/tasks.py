@@ -1,0 +1,73 @@
+"""Task registration: which handler runs which kind, and how args are rebuilt."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from awa.errors import ValidationError
+from awa.producer import check_name, derive_kind
+from awa.states import DEFAULT_QUEUE
+
+Handler = Callable[[Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """A registered handler."""
+
+    kind: str
+    queue: str
+    args_type: type | None
+    handler: Handler
+    is_async: bool
+
+    def build_args(self, data: dict[str, Any]) -> Any:
+        """Rebuild the args as the registered type; raises on undecodable args."""
+        t = self.args_type
+        if t is None or t is dict:
+            return data
+        if hasattr(t, "model_validate"):
+            return t.model_validate(data)
+        if dataclasses.is_dataclass(t):
+            return t(**data)
+        return t(**data)
+
+
+def make_spec(args_type: Any, handler: Handler, *, kind: str | None, queue: str) -> TaskSpec:
+    """Validate a registration and build its `TaskSpec`."""
+    if not callable(handler):
+        raise TypeError("a task handler must be callable")
+    if kind is None:
+        if args_type is None or args_type is dict or not isinstance(args_type, type):
+            raise ValidationError("kind", "required when the args type is not a class")
+        kind = derive_kind(args_type.__name__)
+    check_name("kind", kind)
+    check_name("queue", queue)
+    return TaskSpec(kind=kind, queue=queue, args_type=args_type, handler=handler,
+                    is_async=inspect.iscoroutinefunction(handler))
+
+
+class Registry:
+    """Kinds to handlers, for one client."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, TaskSpec] = {}
+
+    def add(self, spec: TaskSpec) -> None:
+        if spec.kind in self._by_kind:
+            raise ValueError(f"a handler for kind {spec.kind!r} is already registered")
+        self._by_kind[spec.kind] = spec
+
+    def get(self, kind: str) -> TaskSpec | None:
+        return self._by_kind.get(kind)
+
+    def queues(self) -> list[str]:
+        """Queues that have at least one task, in registration order."""
+        return list(dict.fromkeys(s.queue for s in self._by_kind.values())) or [DEFAULT_QUEUE]
+
+    def __len__(self) -> int:
+        return len(self._by_kind)
