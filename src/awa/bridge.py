@@ -1,23 +1,19 @@
-"""Enqueue on the application's own connection, inside its own transaction (§3.6).
+"""Enqueue on the application's own connection, in its own transaction (§3.6).
 
-The job is written by the caller's driver, so it becomes visible if and only if
-the caller's transaction commits. Accepted connections:
+The caller's driver writes the job, so it is visible iff the caller commits.
+async `insert_job`: asyncpg ``Connection`` / pool proxy, psycopg 3
+``AsyncConnection``, SQLAlchemy ``AsyncConnection`` / ``AsyncSession``. sync
+`insert_job_sync`: psycopg 3 ``Connection``, SQLAlchemy ``Connection`` /
+``Session``, Django ``connection`` / ``connections[alias]``.
 
-* async `insert_job`: asyncpg ``Connection`` (or a pool proxy), psycopg 3
-  ``AsyncConnection``, SQLAlchemy ``AsyncConnection`` / ``AsyncSession``;
-* sync `insert_job_sync`: psycopg 3 ``Connection``, SQLAlchemy ``Connection`` /
-  ``Session``, a Django connection (``django.db.connection`` or
-  ``connections[alias]``).
+Optional libraries are never imported: a connection of theirs exists only if the
+application imported them, so their types are looked up in ``sys.modules``.
+Validation is the producer's (before any write). The named statement runs with
+its ``$n`` placeholders rewritten for the driver; JSON travels as text.
 
-Optional libraries are never imported here: a connection of theirs can exist
-only if the application already imported them, so they are looked up in
-``sys.modules``. Validation is the producer's (raised before any write); the
-named statement ``job_insert`` is run with its ``$n`` placeholders rewritten to
-the driver's paramstyle; JSON travels as text (the statement casts it).
-
-Unique conflicts: inside a transaction, a unique job is inserted under a
-savepoint, so `UniqueConflict` leaves the caller's transaction usable. Any
-other failed statement aborts the caller's transaction, as Postgres dictates.
+Inside a transaction a *unique* job is inserted under a savepoint, so a
+`UniqueConflict` leaves the caller's transaction usable. Any other failure
+aborts the caller's transaction, as Postgres dictates.
 """
 
 from __future__ import annotations
@@ -79,9 +75,9 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class _Driver(Generic[T]):
-    """How to run a statement on one connection: ``run(sql, None)`` for utility SQL."""
+    """How to run a statement on one connection: ``run(sql, params)`` → first row."""
 
-    run: Callable[[str, Sequence[Any] | None], T]
+    run: Callable[[str, Sequence[Any]], T]
     in_transaction: bool  # will a statement run inside a transaction block?
     json_decoded: bool  # does the driver already turn jsonb into Python values?
 
@@ -91,10 +87,7 @@ def _columns(description: Any, row: Any) -> Row | None:
 
 
 def _asyncpg(conn: Any) -> _Driver[Awaitable[Row | None]]:
-    async def run(sql: str, params: Sequence[Any] | None) -> Row | None:
-        if params is None:
-            await conn.execute(sql)
-            return None
+    async def run(sql: str, params: Sequence[Any]) -> Row | None:
         row = await conn.fetchrow(sql, *params)
         return None if row is None else dict(row.items())
 
@@ -102,40 +95,35 @@ def _asyncpg(conn: Any) -> _Driver[Awaitable[Row | None]]:
 
 
 def _psycopg_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
-    async def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+    async def run(sql: str, params: Sequence[Any]) -> Row | None:
         async with conn.cursor() as cur:
-            if params is None:
-                await cur.execute(sql)
-                return None
             await cur.execute(*to_paramstyle(sql, params, "format"))
-            return _columns(cur.description, await cur.fetchone())
+            return _columns(cur.description, await cur.fetchone() if cur.description else None)
 
-    # A non-autocommit connection begins implicitly; an autocommit one may be in a block.
-    return _Driver(run, not conn.autocommit or conn.info.transaction_status != 0, True)
+    return _Driver(run, _psycopg_in_transaction(conn), json_decoded=True)
 
 
 def _cursor_sync(conn: Any, in_transaction: bool, json_decoded: bool) -> _Driver[Row | None]:
     """psycopg ``Connection`` and Django connections: DB-API cursors, ``%s`` params."""
-    def run(sql: str, params: Sequence[Any] | None) -> Row | None:
+    def run(sql: str, params: Sequence[Any]) -> Row | None:
         with conn.cursor() as cur:
-            if params is None:
-                cur.execute(sql)
-                return None
             cur.execute(*to_paramstyle(sql, params, "format"))
-            return _columns(cur.description, cur.fetchone())
+            return _columns(cur.description, cur.fetchone() if cur.description else None)
 
     return _Driver(run, in_transaction, json_decoded)
+
+
+def _psycopg_in_transaction(conn: Any) -> bool:
+    # A non-autocommit connection begins implicitly; an autocommit one may be in a block.
+    return not conn.autocommit or conn.info.transaction_status != 0  # 0: IDLE
 
 
 async def _sqlalchemy_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
     style = _sqlalchemy_style(conn.dialect)
 
-    async def run(sql: str, params: Sequence[Any] | None) -> Row | None:
-        if params is None:
-            await conn.exec_driver_sql(sql)
-            return None
-        row = (await conn.exec_driver_sql(*to_paramstyle(sql, params, style))).mappings().first()
-        return None if row is None else dict(row)
+    async def run(sql: str, params: Sequence[Any]) -> Row | None:
+        result = await conn.exec_driver_sql(*to_paramstyle(sql, params, style))
+        return _mapping(result)
 
     raw = await conn.get_raw_connection()
     return _Driver(run, not getattr(raw.dbapi_connection, "autocommit", False), True)
@@ -144,15 +132,16 @@ async def _sqlalchemy_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
 def _sqlalchemy_sync(conn: Any) -> _Driver[Row | None]:
     style = _sqlalchemy_style(conn.dialect)
 
-    def run(sql: str, params: Sequence[Any] | None) -> Row | None:
-        if params is None:
-            conn.exec_driver_sql(sql)
-            return None
-        row = conn.exec_driver_sql(*to_paramstyle(sql, params, style)).mappings().first()
-        return None if row is None else dict(row)
+    def run(sql: str, params: Sequence[Any]) -> Row | None:
+        return _mapping(conn.exec_driver_sql(*to_paramstyle(sql, params, style)))
 
     raw = conn.connection.dbapi_connection
     return _Driver(run, not getattr(raw, "autocommit", False), True)
+
+
+def _mapping(result: Any) -> Row | None:
+    row = result.mappings().first() if result.returns_rows else None
+    return None if row is None else dict(row)
 
 
 def _sqlalchemy_style(dialect: Any) -> Style:
@@ -175,16 +164,13 @@ def _family(conn: Any) -> str | None:
               ("sqlalchemy.ext.asyncio", "AsyncConnection", "sa_async"),
               ("sqlalchemy.orm", "Session", "sa_session"),
               ("sqlalchemy.engine", "Connection", "sa"),
-              ("django.utils.connection", "ConnectionProxy", "django"),
+              ("django.utils.connection", "ConnectionProxy", "django_proxy"),
               ("django.db.backends.base.base", "BaseDatabaseWrapper", "django"))
     for module, name, family in checks:
         cls = getattr(_module(module), name, None)
         if isinstance(cls, type) and isinstance(conn, cls):
             return family
     return None
-
-
-_ASYNC_FAMILIES = frozenset({"asyncpg", "psycopg_async", "sa_async_session", "sa_async"})
 
 
 def _wrong_type(func: str, accepted: str, conn: Any, family: str | None) -> TypeError:
@@ -215,14 +201,14 @@ def _sync_driver(conn: Any) -> _Driver[Row | None]:
     """The driver of a sync connection, or TypeError naming the accepted types."""
     family = _family(conn)
     if family == "psycopg":
-        in_tx = not conn.autocommit or conn.info.transaction_status != 0
-        return _cursor_sync(conn, in_tx, json_decoded=True)
+        return _cursor_sync(conn, _psycopg_in_transaction(conn), json_decoded=True)
     if family == "sa_session":
         return _sqlalchemy_sync(conn.connection())
     if family == "sa":
         return _sqlalchemy_sync(conn)
+    if family == "django_proxy":  # django.db.connection: this thread's default connection
+        conn, family = _module("django.db").connections[conn.alias], "django"
     if family == "django":
-        conn = _module("django.db").connections[conn.alias]  # resolves the proxy
         if conn.vendor != "postgresql":
             raise TypeError(f"awa.bridge needs a PostgreSQL database, not {conn.vendor!r}")
         # Django loads jsonb as text (JSONField decodes it).
@@ -326,15 +312,15 @@ async def _execute_returning(conn: Any, sql_name: str, params: Sequence[Any], *,
     guarded = savepoint and db.in_transaction
     try:
         if guarded:
-            await db.run(_SAVEPOINT, None)
+            await db.run(_SAVEPOINT, ())
         try:
             row = await db.run(sql, params)
         except Exception:
             for undo in _UNDO if guarded else ():
-                await db.run(undo, None)
+                await db.run(undo, ())
             raise
         if guarded:
-            await db.run(_UNDO[1], None)
+            await db.run(_UNDO[1], ())
     except Exception as exc:
         _reraise(exc)
     return None if row is None else _decoded(row, db.json_decoded)
@@ -348,15 +334,15 @@ def _execute_returning_sync(conn: Any, sql_name: str, params: Sequence[Any], *,
     guarded = savepoint and db.in_transaction
     try:
         if guarded:
-            db.run(_SAVEPOINT, None)
+            db.run(_SAVEPOINT, ())
         try:
             row = db.run(sql, params)
         except Exception:
             for undo in _UNDO if guarded else ():
-                db.run(undo, None)
+                db.run(undo, ())
             raise
         if guarded:
-            db.run(_UNDO[1], None)
+            db.run(_UNDO[1], ())
     except Exception as exc:
         _reraise(exc)
     return None if row is None else _decoded(row, db.json_decoded)

@@ -64,8 +64,8 @@ class Capacity:
     def acquire(self, queue: str, n: int = 1) -> None:
         self._in_use[queue] += n
 
-    def release(self, queue: str) -> None:
-        self._in_use[queue] -= 1
+    def release(self, queue: str, n: int = 1) -> None:
+        self._in_use[queue] -= n
 
 
 class TokenBucket:

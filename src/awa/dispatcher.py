@@ -60,12 +60,17 @@ class Dispatcher:
                     timeout = min(timeout, self._limiter.wait_time())
             if want > 0:
                 self._signal.clear()
+                # Reserve the slots before the round trip, so other queues'
+                # dispatchers cannot hand out the same shared slots meanwhile.
+                self._capacity.acquire(name, want)
                 try:
                     rows = await self._pool.fetch(self._q["attempt_claim"], name, want,
                                                   deadline, aging)
                 except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
                     log.warning("claim from %r failed: %s", name, exc)
                     rows = []
+                finally:
+                    self._capacity.release(name, want)
                 if self._limiter is not None:
                     self._limiter.take(len(rows))
                 for row in rows:

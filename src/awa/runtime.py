@@ -283,7 +283,8 @@ class Runtime:
             available = {r["queue"]: r["n"] for r in rows}
         queues = {
             qc.name: QueueHealth(
-                in_flight=self.capacity.in_use(qc.name), available=available.get(qc.name, 0),
+                in_flight=sum(1 for a in self._attempts.values() if a.queue == qc.name),
+                available=available.get(qc.name, 0),
                 max_workers=self.capacity.limit(qc.name), min_workers=qc.min_workers,
                 weight=qc.weight)
             for qc in self.config.queues}

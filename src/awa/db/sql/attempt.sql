@@ -43,9 +43,17 @@ RETURNING j.*
 
 -- name: attempt_heartbeat
 -- Returns the attempts still owned; a missing one was rescued or cancelled.
+-- Rows are locked in id order, as the completion batch locks them, so the
+-- two can never deadlock.
+WITH c AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
+), locked AS (
+    SELECT j.id FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
+    WHERE j.state IN ('running', 'waiting_external')
+    ORDER BY j.id FOR UPDATE OF j
+)
 UPDATE awa.jobs j SET heartbeat_at = now()
-FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
-WHERE j.id = c.id AND j.run_lease = c.lease AND j.state IN ('running', 'waiting_external')
+FROM locked WHERE j.id = locked.id
 RETURNING j.id
 
 -- name: attempt_complete_batch
@@ -53,9 +61,13 @@ RETURNING j.id
 -- Returns the ids that completed; the rest were stale and changed nothing.
 WITH c AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, output)
+), locked AS (
+    SELECT j.id, c.output FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
+    WHERE j.state = 'running'
+    ORDER BY j.id FOR UPDATE OF j
 ), moved AS (
-    DELETE FROM awa.jobs j USING c
-    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state = 'running'
+    DELETE FROM awa.jobs j USING locked c
+    WHERE j.id = c.id AND j.state = 'running'
     RETURNING j, c.output
 ), done AS (
     INSERT INTO awa.jobs_done

@@ -1,0 +1,127 @@
+"""The ``awa`` command line (also ``python -m awa``).
+
+Global ``--database-url`` defaults to ``$DATABASE_URL``, else the embedded
+PostgreSQL. Failures exit non-zero with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+import click
+
+import awa
+from awa.db import migrations
+from awa.errors import AwaError
+
+
+def _run(coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except (AwaError, ValueError, TypeError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+@click.group()
+@click.option("--database-url", envvar="DATABASE_URL", default=None,
+              help="PostgreSQL URL (default: $DATABASE_URL, else the embedded server).")
+@click.option("--schema", default="awa", show_default=True, help="Schema holding Awa's tables.")
+@click.pass_context
+def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
+    """Awa: a Postgres-native job queue."""
+    ctx.obj = {"url": database_url, "schema": schema}
+
+
+@main.command()
+@click.option("--sql", "print_sql", is_flag=True, help="Print the migration SQL instead.")
+@click.pass_obj
+def migrate(obj: dict[str, Any], print_sql: bool) -> None:
+    """Apply pending schema migrations (safe to run from many processes)."""
+    if print_sql:
+        for version, description, sql in migrations.pending_sql(0, obj["schema"]):
+            click.echo(f"-- {version:04d} {description}\n{sql}")
+        return
+
+    async def go() -> list[int]:
+        async with awa.AsyncClient(obj["url"], max_connections=1, schema=obj["schema"]) as c:
+            return await c.migrate()
+    applied = _run(go())
+    click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def load_client(target: str) -> awa.AsyncClient:
+    """Import ``module:attribute`` and return the `AsyncClient` it names."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter("expected MODULE:CLIENT", param_hint="target")
+    module = importlib.import_module(module_name)
+    client = getattr(module, attr, None)
+    if not isinstance(client, awa.AsyncClient):
+        raise click.BadParameter(f"{target} is not an awa.AsyncClient", param_hint="target")
+    return client
+
+
+@main.command()
+@click.argument("target")
+@click.option("--queue", "queues", multiple=True, metavar="NAME=N",
+              help="Serve queue NAME with N workers (repeatable; default: every task's queue).")
+@click.option("--set", "options", multiple=True, metavar="KEY=VALUE",
+              help="A start() option, e.g. --set poll_interval_ms=100 (repeatable).")
+@click.option("--shutdown-timeout-ms", default=5000, show_default=True)
+def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
+           shutdown_timeout_ms: int) -> None:
+    """Run a worker process for the client at MODULE:CLIENT until SIGTERM/SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.path.insert(0, ".")
+    client = load_client(target)
+    queue_list = None
+    if queues:
+        queue_list = []
+        for spec in queues:
+            name, _, n = spec.rpartition("=")
+            if not name or not n.isdigit():
+                raise click.BadParameter(f"{spec!r} is not NAME=N", param_hint="--queue")
+            queue_list.append((name, int(n)))
+    start_options: dict[str, Any] = {}
+    for spec in options:
+        key, sep, value = spec.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{spec!r} is not KEY=VALUE", param_hint="--set")
+        start_options[key] = _parse_value(value)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await client.start(queue_list, **start_options)
+        logging.getLogger("awa.worker").info("worker started (pid %s)", _pid())
+        await stop.wait()
+        logging.getLogger("awa.worker").info("shutting down")
+        await client.shutdown(timeout_ms=shutdown_timeout_ms)
+        await client.close()
+    _run(go())
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+if __name__ == "__main__":
+    main()

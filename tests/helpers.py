@@ -1,0 +1,32 @@
+"""Shared test helpers: wait on conditions (never fixed sleeps), fast intervals."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+#: start() options that make maintenance act within a fraction of a second.
+FAST = {
+    "poll_interval_ms": 50,
+    "heartbeat_interval_ms": 100,
+    "heartbeat_staleness_ms": 600,
+    "heartbeat_rescue_interval_ms": 100,
+    "deadline_rescue_interval_ms": 100,
+    "promote_interval_ms": 50,
+    "leader_election_interval_ms": 300,
+}
+
+
+async def wait_until(predicate: Callable[[], Awaitable[Any]], timeout: float = 15.0,
+                     interval: float = 0.02, message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,318 @@
+"""Worker runtime: outcomes, ordering, aging, capacity, rate limits, pause, health."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+import awa
+from tests.helpers import FAST, wait_until
+
+TERMINAL = {awa.JobState.Completed, awa.JobState.Failed, awa.JobState.Cancelled}
+
+
+@dataclass
+class Step:
+    n: int
+    mode: str = "ok"
+
+
+async def _finished(client: awa.AsyncClient, ids: list[int]) -> list[awa.Job]:
+    async def check() -> list[awa.Job] | None:
+        jobs = [await client.get_job(i) for i in ids]
+        return jobs if all(j.state in TERMINAL for j in jobs) else None
+    result: list[awa.Job] = await wait_until(check, message="jobs to finish")
+    return result
+
+
+async def test_outcomes(client: awa.AsyncClient) -> None:
+    runs: dict[str, int] = {}
+
+    @client.task(Step)
+    async def handle(job: awa.Job) -> object:
+        mode = job.args.mode
+        runs[mode] = runs.get(mode, 0) + 1
+        if mode == "retry_then_ok":
+            return awa.RetryAfter(0.05) if job.attempt == 1 else None
+        if mode == "snooze_then_ok":
+            return awa.Snooze(0.05) if runs[mode] == 1 else None
+        if mode == "cancel":
+            return awa.Cancel("not needed")
+        if mode == "terminal":
+            raise awa.TerminalError("bad input")
+        if mode == "always_fails":
+            raise ValueError("boom")
+        if mode == "output":
+            return awa.Output({"rows": 3})
+        if mode == "wait_without_callback":
+            return awa.WaitForCallback(awa.CallbackToken.new())
+        return "anything else completes"
+
+    modes = ["ok", "retry_then_ok", "snooze_then_ok", "cancel", "terminal", "always_fails",
+             "output", "wait_without_callback"]
+    ids = [(await client.insert(Step(i, m), max_attempts=2 if m == "always_fails" else 25)).id
+           for i, m in enumerate(modes)]
+    unknown = await client.insert({"x": 1}, kind="nobody_handles_this")
+    await client.start(**FAST)
+    jobs = dict(zip(modes, await _finished(client, ids), strict=True))
+    S = awa.JobState
+    assert jobs["ok"].state is S.Completed and jobs["ok"].attempt == 1
+    assert jobs["retry_then_ok"].state is S.Completed and jobs["retry_then_ok"].attempt == 2
+    assert jobs["snooze_then_ok"].state is S.Completed and jobs["snooze_then_ok"].attempt == 1
+    assert runs["snooze_then_ok"] == 2
+    assert jobs["cancel"].state is S.Cancelled
+    assert jobs["cancel"].errors[0]["error"] == "cancelled: not needed"
+    assert jobs["terminal"].state is S.Failed and jobs["terminal"].errors[0]["terminal"] is True
+    assert jobs["terminal"].errors[0]["error"].startswith("TerminalError: bad input\n")
+    failed = jobs["always_fails"]
+    assert failed.state is S.Failed and failed.attempt == 2 and runs["always_fails"] == 2
+    assert [e["attempt"] for e in failed.errors] == [1, 2]
+    assert "ValueError: boom" in failed.errors[0]["error"] and "terminal" not in failed.errors[1]
+    assert jobs["output"].output == {"rows": 3}
+    assert jobs["wait_without_callback"].state is S.Failed
+    assert all(j.finalized_at is not None for j in jobs.values())
+    gone = await wait_until(lambda: _state_is(client, unknown.id, S.Failed))
+    assert "UnknownJobKind" in gone.errors[0]["error"] and gone.errors[0]["terminal"]
+
+
+async def _state_is(client: awa.AsyncClient, job_id: int, state: awa.JobState) -> awa.Job | None:
+    job = await client.get_job(job_id)
+    return job if job.state is state else None
+
+
+async def test_sync_handler_and_undecodable_args(client: awa.AsyncClient) -> None:
+    import threading
+
+    threads: list[str] = []
+
+    @client.task(Step)
+    def handle(job: awa.Job) -> None:
+        threads.append(threading.current_thread().name)
+        assert isinstance(job.args, Step)
+
+    ok = await client.insert(Step(1))
+    bad = await client.insert({"unexpected": True}, kind="step")
+    await client.start(**FAST)
+    ok_job, bad_job = await _finished(client, [ok.id, bad.id])
+    assert ok_job.state is awa.JobState.Completed
+    assert threads and threads[0].startswith("awa-handler")
+    assert bad_job.state is awa.JobState.Failed
+    assert "do not decode" in bad_job.errors[0]["error"]
+
+
+async def test_retry_backoff_bounds(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    @client.task(Step)
+    async def handle(job: awa.Job) -> None:
+        raise RuntimeError("again")
+
+    job = await client.insert(Step(1))
+    await client.start(**FAST)
+    retried = await wait_until(lambda: _state_is(client, job.id, awa.JobState.Retryable))
+    await client.shutdown()
+    failed_at = datetime.fromisoformat(retried.errors[0]["at"])
+    delay = (retried.run_at - failed_at).total_seconds()
+    assert 2.0 - 0.01 <= delay <= 2.5 + 0.01  # 2**1 * (1 + U(0, 0.25))
+    delays = [await conn.fetchval("SELECT extract(epoch FROM awa.retry_delay($1))", n)
+              for n in (3, 10, 40) for _ in range(20)]
+    assert all(8 <= d <= 10 for d in delays[:20])
+    assert all(1024 <= d <= 1280 for d in delays[20:40])
+    assert all(d == 86400 for d in delays[40:])
+
+
+async def test_priority_then_fifo_order(client: awa.AsyncClient) -> None:
+    order: list[int] = []
+
+    @client.task(Step, queue="ordered")
+    async def handle(job: awa.Job) -> None:
+        order.append(job.args.n)
+
+    plan = [(1, 3), (2, 1), (3, 2), (4, 1), (5, 4), (6, 2), (7, 3), (8, 1)]
+    for n, priority in plan:
+        await client.insert(Step(n), queue="ordered", priority=priority)
+    await client.start([("ordered", 1)], **FAST)
+    await wait_until(lambda: _done(order, len(plan)))
+    expected = [n for n, _ in sorted(plan, key=lambda p: (p[1], p[0]))]
+    assert order == expected
+
+
+async def _done(seen: list[int], n: int) -> bool:
+    return len(seen) >= n
+
+
+async def test_priority_aging(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    order: list[int] = []
+
+    @client.task(Step, queue="aging")
+    async def handle(job: awa.Job) -> None:
+        order.append(job.args.n)
+
+    fresh = await client.insert(Step(1), queue="aging", priority=1)
+    old = await client.insert(Step(2), queue="aging", priority=4)
+    # Waited 10 minutes at a 60 s aging interval: effectively priority 1, and older.
+    await conn.execute("UPDATE awa.jobs SET run_at = now() - interval '10 minutes' WHERE id = $1",
+                       old.id)
+    await client.start([{"name": "aging", "max_workers": 1}], **FAST)
+    await wait_until(lambda: _done(order, 2))
+    assert order == [2, 1]
+    await client.shutdown()
+    order.clear()
+    for n, p in ((3, 1), (4, 4)):
+        job = await client.insert(Step(n), queue="aging", priority=p)
+        await conn.execute("UPDATE awa.jobs SET run_at = now() - interval '10 minutes' "
+                           "WHERE id = $1", job.id)
+    # Aging off: raw priority wins.
+    await client.start([{"name": "aging", "max_workers": 1, "priority_aging_interval_ms": 0}],
+                       **FAST)
+    await wait_until(lambda: _done(order, 2))
+    assert order == [3, 4]
+    assert fresh.id < old.id
+
+
+class ConcurrencyProbe:
+    def __init__(self) -> None:
+        self.now: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.total_peak = 0
+
+    async def run(self, queue: str, seconds: float) -> None:
+        self.now[queue] = self.now.get(queue, 0) + 1
+        self.peak[queue] = max(self.peak.get(queue, 0), self.now[queue])
+        self.total_peak = max(self.total_peak, sum(self.now.values()))
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.now[queue] -= 1
+
+
+async def test_reserved_capacity_is_never_exceeded(client: awa.AsyncClient) -> None:
+    probe = ConcurrencyProbe()
+    for q in ("a", "b"):
+        @client.task(Step, kind=f"step_{q}", queue=q)
+        async def handle(job: awa.Job) -> None:
+            await probe.run(job.queue, 0.05)
+    ids = [(await client.insert(Step(i), kind=f"step_{q}", queue=q)).id
+           for q in ("a", "b") for i in range(30)]
+    await client.start([("a", 3), ("b", 5)], **FAST)
+    await _finished(client, ids)
+    assert probe.peak == {"a": 3, "b": 5}
+
+
+async def test_weighted_capacity(client: awa.AsyncClient) -> None:
+    probe = ConcurrencyProbe()
+    started = {"hi": 0, "lo": 0}
+    lo_peak_while_hi_backlogged = 0
+    finished_at: dict[str, float] = {}
+    for q in ("hi", "lo"):
+        @client.task(Step, kind=f"w_{q}", queue=q)
+        async def handle(job: awa.Job) -> None:
+            nonlocal lo_peak_while_hi_backlogged
+            started[job.queue] += 1
+            if job.queue == "lo" and started["hi"] < 40 - 6:
+                lo_peak_while_hi_backlogged = max(lo_peak_while_hi_backlogged,
+                                                  probe.now.get("lo", 0) + 1)
+            await probe.run(job.queue, 0.05)
+            finished_at[job.queue] = time.monotonic()
+    ids = [(await client.insert(Step(i), kind=f"w_{q}", queue=q)).id
+           for q in ("hi", "lo") for i in range(40)]
+    await client.start([{"name": "hi", "min_workers": 1, "weight": 3},
+                        {"name": "lo", "min_workers": 1, "weight": 1}],
+                       global_max_workers=6, **FAST)
+    await _finished(client, ids)
+    # Never more than the global cap; while both queues have work, "lo" gets its
+    # minimum (1) plus its weighted share of the 4 overflow slots (1): at most 2.
+    assert probe.total_peak <= 6
+    assert lo_peak_while_hi_backlogged <= 2
+    assert probe.peak["hi"] >= 4
+    assert finished_at["hi"] < finished_at["lo"]
+
+
+async def test_rate_limit(client: awa.AsyncClient) -> None:
+    starts: list[float] = []
+
+    @client.task(Step, queue="limited")
+    async def handle(job: awa.Job) -> None:
+        starts.append(time.monotonic())
+
+    ids = [(await client.insert(Step(i), queue="limited")).id for i in range(8)]
+    await client.start([{"name": "limited", "max_workers": 8, "rate_limit": (10.0, 2)}], **FAST)
+    await _finished(client, ids)
+    # 2 at once, then 10/s: 8 jobs need at least ~0.6 s (generous lower bound).
+    assert starts[-1] - starts[0] >= 0.4
+
+
+async def test_paused_queue_is_not_claimed(client: awa.AsyncClient) -> None:
+    ran: list[int] = []
+
+    @client.task(Step, queue="p")
+    async def handle(job: awa.Job) -> None:
+        ran.append(job.args.n)
+
+    await client.pause_queue("p")
+    job = await client.insert(Step(1), queue="p")
+    await client.start(**FAST)
+    runtime = client.runtime
+    assert runtime is not None
+    before = runtime.dispatchers["p"].claimed
+    await wait_until(lambda: _loops(runtime, 5), message="several claim loops")
+    assert ran == [] and runtime.dispatchers["p"].claimed == before
+    await client.resume_queue("p")
+    await _finished(client, [job.id])
+    assert ran == [1]
+
+
+async def _loops(runtime: object, n: int) -> bool:
+    await asyncio.sleep(FAST["poll_interval_ms"] / 1000 * n)
+    return True
+
+
+async def test_health_check(client: awa.AsyncClient) -> None:
+    idle = await client.health_check()
+    assert idle.postgres_connected and not idle.healthy and not idle.poll_loop_alive
+
+    @client.task(Step, queue="h")
+    async def handle(job: awa.Job) -> None:
+        return None
+
+    await client.start([{"name": "h", "max_workers": 4}], **FAST)
+
+    async def leader_healthy() -> awa.HealthCheck | None:
+        h = await client.health_check()
+        return h if h.healthy and h.leader else None
+    health = await wait_until(leader_healthy)
+    assert health.heartbeat_alive and health.poll_loop_alive and not health.shutting_down
+    assert health.queues["h"] == awa.QueueHealth(in_flight=0, available=0, max_workers=4,
+                                                 min_workers=0, weight=1)
+    await client.shutdown()
+    assert not (await client.health_check()).healthy
+
+
+@pytest.mark.parametrize(("queues", "options"), [
+    ([("q", 0)], {}),
+    ([("q", 1, 2)], {}),
+    ([{"name": "q", "min_workers": 1}], {}),  # min_workers without global_max_workers
+    ([{"name": "q", "max_workers": 1}], {"global_max_workers": 4}),
+    ([{"name": "q", "min_workers": 5}], {"global_max_workers": 4}),
+    ([{"name": "q", "bogus": 1}], {}),
+    ([("q", 1), ("q", 2)], {}),
+    ([{"name": "q", "rate_limit": (0, 1)}], {}),
+    ([("q", 1)], {"heartbeat_interval_ms": 1000, "heartbeat_staleness_ms": 500}),
+    ([("q", 1)], {"poll_interval_ms": -1}),
+])
+async def test_contradictory_configs_raise(client: awa.AsyncClient, queues: list[object],
+                                           options: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        await client.start(queues, **options)
+    assert client.runtime is None
+
+
+async def test_unknown_start_option_raises(client: awa.AsyncClient) -> None:
+    with pytest.raises(TypeError):
+        await client.start([("q", 1)], no_such_option=1)
+    await client.start([("q", 1)], claimers=2, storage_transition_role="auto")  # compat knobs
+    with pytest.raises(RuntimeError):
+        await client.start([("q", 1)])
