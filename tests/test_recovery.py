@@ -1,0 +1,216 @@
+"""Crash recovery: rescue, stale writes, deadlines, leader fail-over, shutdown, scale."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+import awa
+from awa.completion import Completer
+from awa.db.queries import queries
+from awa.executor import Outcome
+from tests.helpers import FAST, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Sleepy:
+    seconds: float
+    marker: str = ""
+
+
+def _spawn_worker(database_url: str, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
+         "--queue", "procs=4", *[f"--set={k}={v}" for k, v in FAST.items()], *extra],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+async def _state(client: awa.AsyncClient, job_id: int) -> awa.JobState:
+    return (await client.get_job(job_id)).state
+
+
+async def test_sigkilled_worker_jobs_are_rescued_elsewhere(client: awa.AsyncClient,
+                                                           database_url: str,
+                                                           conn: asyncpg.Connection) -> None:
+    job = await client.insert(Sleepy(30.0), queue="procs")
+    proc = _spawn_worker(database_url)
+    try:
+        async def running() -> bool:
+            return await _state(client, job.id) is awa.JobState.Running
+        await wait_until(running, timeout=30, message="the subprocess to claim the job")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # A second worker (this process) rescues the job and completes it.
+    await conn.execute("UPDATE awa.jobs SET args = '{\"seconds\": 0}' WHERE id = $1", job.id)
+
+    @client.task(Sleepy, queue="procs")
+    async def handle(j: awa.Job) -> None:
+        return None
+
+    await client.start([("procs", 2)], **FAST)
+
+    async def completed() -> awa.Job | None:
+        j = await client.get_job(job.id)
+        return j if j.state is awa.JobState.Completed else None
+    done = await wait_until(completed, timeout=20, message="rescue and completion")
+    assert done.attempt == 2 and done.run_lease == 2
+    assert done.errors[0]["error"] == "heartbeat stale"
+
+
+async def test_stale_completion_after_rescue_changes_nothing(client: awa.AsyncClient,
+                                                             conn: asyncpg.Connection) -> None:
+    job = await client.insert(Sleepy(0))
+    pool = await client.pool()
+    q = queries()
+    claimed = await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0)
+    lease = claimed[0]["run_lease"]
+    # The attempt goes stale and is rescued; a new attempt claims it.
+    await conn.execute("UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' "
+                       "WHERE id = $1", job.id)
+    from datetime import timedelta
+    rescued = await pool.fetch(q["job_rescue_running"], timedelta(seconds=90), 100,
+                               timedelta(days=1))
+    assert [r["id"] for r in rescued] == [job.id]
+    await conn.execute("UPDATE awa.jobs SET state = 'available' WHERE id = $1", job.id)
+    second = await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0)
+    assert second[0]["run_lease"] == lease + 1
+    completer = Completer(pool, q, completed_retention=timedelta(days=1),
+                          failed_retention=timedelta(days=1))
+    completer.start()
+    try:
+        # Every kind of late write from the first attempt is dropped.
+        assert not await completer.write(job.id, lease, Outcome("fail", error="late"))
+        assert not await completer.write(job.id, lease, Outcome("retry", delay=1))
+        assert not await completer.write(job.id, lease, Outcome("snooze", delay=1))
+        assert not await completer.write(job.id, lease, Outcome("cancel", error="late"))
+        completer.complete(job.id, lease)
+        await completer.drain()
+        assert completer.stale == 1 and completer.completed == 0
+        current = await client.get_job(job.id)
+        assert current.state is awa.JobState.Running and current.run_lease == lease + 1
+        completer.complete(job.id, lease + 1)
+        await completer.drain()
+        assert (await client.get_job(job.id)).state is awa.JobState.Completed
+    finally:
+        await completer.stop()
+
+
+async def test_deadline_rescue_flags_the_live_handler(client: awa.AsyncClient) -> None:
+    saw_cancel = asyncio.Event()
+
+    @client.task(Sleepy, queue="slow")
+    async def handle(job: awa.Job) -> None:
+        while not job.is_cancelled():
+            await asyncio.sleep(0.01)
+        saw_cancel.set()
+
+    job = await client.insert(Sleepy(0), queue="slow", max_attempts=1)
+    await client.start([{"name": "slow", "max_workers": 1, "deadline_duration_ms": 300}], **FAST)
+    await asyncio.wait_for(saw_cancel.wait(), timeout=15)
+
+    async def failed() -> awa.Job | None:
+        j = await client.get_job(job.id)
+        return j if j.state is awa.JobState.Failed else None
+    done = await wait_until(failed)
+    assert done.errors[-1]["error"] == "hard deadline exceeded"
+    assert done.errors[-1]["terminal"] is True
+
+
+async def test_leader_fail_over(database_url: str) -> None:
+    a = awa.AsyncClient(database_url)
+    b = awa.AsyncClient(database_url)
+    try:
+        await a.start([("x", 1)], **FAST)
+        assert a.runtime is not None
+        await wait_until(lambda: _is_leader(a), message="first leader")
+        await b.start([("x", 1)], **FAST)
+        assert b.runtime is not None
+        assert not b.runtime.leader.is_leader
+        # Stop a without resigning (as a crash would): b takes over once the lease expires.
+        a_runtime = a.runtime
+        a_runtime.leader.resign = _no_resign  # type: ignore[method-assign]
+        await a.shutdown(timeout_ms=0)
+        await wait_until(lambda: _is_leader(b), timeout=5, message="fail-over")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _no_resign() -> None:
+    return None
+
+
+async def _is_leader(c: awa.AsyncClient) -> bool:
+    return c.runtime is not None and c.runtime.leader.is_leader
+
+
+async def test_graceful_shutdown(client: awa.AsyncClient) -> None:
+    release = asyncio.Event()
+    started: list[float] = []
+
+    @client.task(Sleepy)
+    async def handle(job: awa.Job) -> None:
+        started.append(job.args.seconds)
+        if job.args.seconds > 5:
+            await asyncio.sleep(job.args.seconds)  # outlives the shutdown timeout
+        else:
+            await release.wait()
+
+    quick = await client.insert(Sleepy(0.1))
+    slow = await client.insert(Sleepy(60))
+    await client.start([("default", 2)], **FAST)
+    await wait_until(lambda: _true_if(len(started) == 2), message="both handlers to start")
+    late = await client.insert(Sleepy(0.1))
+    shutdown = asyncio.create_task(client.shutdown(timeout_ms=1500))
+    await asyncio.sleep(0.2)
+    release.set()  # the quick handler finishes during shutdown
+    await shutdown
+    assert (await client.get_job(quick.id)).state is awa.JobState.Completed
+    assert (await client.get_job(slow.id)).state is awa.JobState.Running  # left for rescue
+    assert (await client.get_job(late.id)).state is awa.JobState.Available  # never claimed
+
+
+async def _true_if(value: bool) -> bool:
+    return value
+
+
+async def test_many_workers_complete_each_job_once(database_url: str,
+                                                   conn: asyncpg.Connection) -> None:
+    n_jobs, n_workers = 3000, 3
+    runs: dict[int, int] = {}
+    clients = [awa.AsyncClient(database_url, max_connections=4) for _ in range(n_workers)]
+    for c in clients:
+        @c.task(Sleepy, queue="many")
+        async def handle(job: awa.Job) -> None:
+            runs[job.id] = runs.get(job.id, 0) + 1
+    try:
+        await clients[0].enqueue_many_copy([Sleepy(0) for _ in range(n_jobs)], queue="many")
+        for c in clients:
+            await c.start([("many", 16)], **FAST)
+
+        async def all_done() -> bool:
+            n = await conn.fetchval("SELECT count(*) FROM awa.jobs_done WHERE state = 'completed'")
+            return bool(n == n_jobs)
+        await wait_until(all_done, timeout=120, message="all jobs completed")
+    finally:
+        for c in clients:
+            await c.close()
+    assert len(runs) == n_jobs and set(runs.values()) == {1}
+    dupes = await conn.fetchval("SELECT count(*) - count(DISTINCT id) FROM awa.jobs_done")
+    assert dupes == 0
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    per_worker = [c.runtime for c in clients]
+    assert per_worker == [None, None, None]  # closed cleanly
