@@ -82,7 +82,7 @@ def test_sync_client_round_trip(sync_client: awa.Client) -> None:
 
 #: Worker-side methods exist only on the async client (spec §3.3).
 ASYNC_ONLY = {"task", "start", "shutdown", "periodic", "pool", "database_url", "on_event",
-              "health_check", "schema"}
+              "runtime", "health_check", "schema"}
 
 
 def _public(cls: type) -> set[str]:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
+from tests.helpers import FAST, wait_until
 
 import awa
 from awa.completion import Completer
 from awa.db.queries import queries
 from awa.executor import Outcome
-from tests.helpers import FAST, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 

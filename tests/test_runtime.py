@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import asyncpg
 import pytest
+from tests.helpers import FAST, wait_until
 
 import awa
-from tests.helpers import FAST, wait_until
 
 TERMINAL = {awa.JobState.Completed, awa.JobState.Failed, awa.JobState.Cancelled}
 

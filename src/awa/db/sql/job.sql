@@ -4,9 +4,9 @@
 -- name: job_insert
 INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
                       metadata, unique_key, unique_states, ordering_key)
-SELECT $1, $2, $3::jsonb,
+SELECT $1, $2, $3::text::jsonb,
        CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
-       coalesce($4::timestamptz, now()), $5, $6, $7, $8::jsonb, $9, $10, $11
+       coalesce($4::timestamptz, now()), $5, $6, $7, $8::text::jsonb, $9, $10, $11
 RETURNING *
 
 -- name: job_staging_create
