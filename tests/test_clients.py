@@ -82,7 +82,7 @@ def test_sync_client_round_trip(sync_client: awa.Client) -> None:
 
 #: Worker-side methods exist only on the async client (spec §3.3).
 ASYNC_ONLY = {"task", "start", "shutdown", "periodic", "pool", "database_url", "on_event",
-              "runtime", "health_check", "schema"}
+              "runtime", "health_check", "schema", "prepare_queue_storage_schema"}
 
 
 def _public(cls: type) -> set[str]:
@@ -97,3 +97,19 @@ def test_sync_and_async_surfaces_match() -> None:
         a = inspect.signature(getattr(awa.AsyncClient, name))
         s = inspect.signature(getattr(awa.Client, name))
         assert str(a) == str(s), name
+
+
+async def test_storage_compatibility_knobs(client: awa.AsyncClient) -> None:
+    import json
+
+    await client.insert(Order(1))
+    status = json.loads(await client.storage_status())
+    assert status["schema"] == "awa" and status["active_jobs"] == 1
+    assert status["schema_version"] == awa.current_migration_version()
+    with pytest.raises(awa.ValidationError, match="queue_slot_count"):
+        await client.install_queue_storage(queue_slot_count=0)
+    await client.install_queue_storage(queue_slot_count=4, lease_slot_count=2)
+    assert len(await client.list_jobs()) == 1
+    await client.install_queue_storage(reset=True)
+    assert await client.list_jobs() == []
+    await client.insert(Order(1), unique_opts={})  # claims were reset too

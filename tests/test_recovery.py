@@ -214,3 +214,35 @@ async def test_many_workers_complete_each_job_once(database_url: str,
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
     per_worker = [c.runtime for c in clients]
     assert per_worker == [None, None, None]  # closed cleanly
+
+
+async def test_awa_worker_sigterm_finishes_in_flight_job(client: awa.AsyncClient,
+                                                         database_url: str) -> None:
+    job = await client.insert(Sleepy(1.0), queue="procs")
+    proc = _spawn_worker(database_url)
+    try:
+        async def running() -> bool:
+            return await _state(client, job.id) is awa.JobState.Running
+        await wait_until(running, timeout=30, message="the worker to claim the job")
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0
+    assert await _state(client, job.id) is awa.JobState.Completed
+
+
+async def test_polling_alone_without_listen(client: awa.AsyncClient) -> None:
+    @client.task(Sleepy)
+    async def handle(job: awa.Job) -> None:
+        return None
+
+    await client.start([("default", 2)], listen=False, **FAST)
+    assert client.runtime is not None and not client.runtime.listening
+    job = await client.insert(Sleepy(0))
+
+    async def completed() -> bool:
+        return await _state(client, job.id) is awa.JobState.Completed
+    await wait_until(completed, message="a polled claim")
+    assert not (await client.health_check()).listen_enabled

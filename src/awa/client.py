@@ -8,6 +8,7 @@ are attached in `awa.runtime`.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
@@ -21,6 +22,7 @@ from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
+from awa.errors import ValidationError
 from awa.model import Job, QueueStat
 from awa.options import InsertOptions
 from awa.runtime import HealthCheck, Runtime
@@ -99,6 +101,44 @@ class AsyncClient:
         pool = await self.pool()
         async with pool.acquire() as conn:
             return await migrations.check(conn, self.schema)
+
+    # -- storage compatibility (reference SDK knobs; one storage design here) ------
+
+    async def install_queue_storage(self, *, schema: str | None = None,
+                                    queue_slot_count: int = 16, lease_slot_count: int = 8,
+                                    reset: bool = False) -> None:
+        """Compatibility: ensure the schema exists; ``reset=True`` clears all job data."""
+        await self.prepare_queue_storage_schema(schema=schema, queue_slot_count=queue_slot_count,
+                                                lease_slot_count=lease_slot_count)
+        if reset:
+            pool = await self.pool()
+            with translated():
+                await pool.execute(self._q["storage_reset"])
+
+    async def prepare_queue_storage_schema(self, *, schema: str | None = None,
+                                           queue_slot_count: int = 16,
+                                           lease_slot_count: int = 8) -> None:
+        """Compatibility: validate the reference SDK's storage options, then migrate."""
+        if schema is not None and schema != self.schema:
+            raise ValidationError("schema", f"this client uses schema {self.schema!r}")
+        producer.check_int("queue_slot_count", queue_slot_count, 1, 4096)
+        producer.check_int("lease_slot_count", lease_slot_count, 1, 4096)
+        await self.migrate()
+
+    async def storage_status(self) -> str:
+        """A JSON description of this database's Awa storage."""
+        pool = await self.pool()
+        with translated():
+            row = await pool.fetchrow(self._q["storage_status"])
+            async with pool.acquire() as conn:
+                version = await migrations.database_version(conn, self.schema)
+        assert row is not None
+        return json.dumps({
+            "engine": "awa-python", "schema": self.schema, "schema_version": version,
+            "code_schema_version": migrations.current_migration_version(),
+            "active_jobs": row["active_jobs"], "finished_partitions": row["partitions"],
+            "finished_jobs_estimate": row["finished_estimate"],
+        })
 
     # -- enqueue ---------------------------------------------------------------
 

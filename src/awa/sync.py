@@ -149,6 +149,8 @@ class Client:
     resume_queue = _delegate(AsyncClient.resume_queue)
     drain_queue = _delegate(AsyncClient.drain_queue)
     queue_stats = _delegate(AsyncClient.queue_stats)
+    install_queue_storage = _delegate(AsyncClient.install_queue_storage)
+    storage_status = _delegate(AsyncClient.storage_status)
 
 
 async def _make_async(database_url: str | None, max_connections: int, schema: str) -> AsyncClient:

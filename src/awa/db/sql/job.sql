@@ -133,3 +133,16 @@ SET state = 'available', attempt = 0, run_at = now(), callback_id = NULL,
     callback_timeout_at = NULL, heartbeat_at = NULL, deadline_at = NULL
 WHERE id = $1 AND state = 'waiting_external'
 RETURNING *
+
+-- name: storage_reset
+-- install_queue_storage(reset=True): remove every job and unique claim.
+WITH a AS (DELETE FROM awa.jobs), d AS (DELETE FROM awa.jobs_done)
+DELETE FROM awa.unique_claims
+
+-- name: storage_status
+SELECT (SELECT count(*) FROM awa.jobs) AS active_jobs,
+       (SELECT count(*) FROM pg_inherits WHERE inhparent = 'awa.jobs_done'::regclass)
+           AS partitions,
+       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'awa.jobs_done'::regclass) AS finished_estimate
