@@ -6,7 +6,6 @@ admin cancel, rescue, deadline or shutdown set and handlers poll.
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +19,7 @@ class JobContext:
     def __init__(self, job: Job, args: Any) -> None:
         self._job = job
         self._args = args
-        self._cancelled = threading.Event()
+        self._cancelled = False  # set from the loop; read from any thread
 
     # -- read-only fields ---------------------------------------------------------
     @property
@@ -95,10 +94,10 @@ class JobContext:
     # -- controls -----------------------------------------------------------------
     def is_cancelled(self) -> bool:
         """True once the attempt should stop: cancel, rescue, deadline or shutdown."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def _cancel(self) -> None:
-        self._cancelled.set()
+        self._cancelled = True
 
     def __repr__(self) -> str:
         return (f"<JobContext id={self.id} kind={self.kind!r} queue={self.queue!r} "
