@@ -5,7 +5,9 @@ Pipeline: producer → Postgres → dispatcher → executor → completion.
 
 from __future__ import annotations
 
+from awa import bridge, callback_contract, web
 from awa.client import AsyncClient
+from awa.context import CallbackWaitAborted, JobContext
 from awa.db.migrations import current_migration_version, migrations
 from awa.errors import (
     AwaError,
@@ -51,11 +53,13 @@ __all__ = [
     "AwaError",
     "CallbackNotFound",
     "CallbackToken",
+    "CallbackWaitAborted",
     "Cancel",
     "Client",
     "DatabaseError",
     "HealthCheck",
     "Job",
+    "JobContext",
     "JobNotFound",
     "JobState",
     "Output",
@@ -74,8 +78,11 @@ __all__ = [
     "UnknownJobKind",
     "ValidationError",
     "WaitForCallback",
+    "bridge",
+    "callback_contract",
     "current_migration_version",
     "derive_kind",
     "migrate",
     "migrations",
+    "web",
 ]

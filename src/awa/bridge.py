@@ -29,14 +29,27 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from awa import callbacks, states
 from awa.db.errors import UNIQUE_CONSTRAINT, translate
 from awa.db.queries import queries
-from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
+from awa.errors import (
+    AwaError,
+    CallbackNotFound,
+    DatabaseError,
+    SchemaNotMigrated,
+    UniqueConflict,
+    ValidationError,
+)
 from awa.model import Job
 from awa.options import InsertOptions
-from awa.producer import prepare
+from awa.producer import dumps, prepare
 
-__all__ = ["insert_job", "insert_job_sync"]
+__all__ = [
+    "complete_external_in", "complete_external_in_sync", "fail_external_in",
+    "fail_external_in_sync", "heartbeat_callback_in", "heartbeat_callback_in_sync",
+    "insert_job", "insert_job_sync", "resume_external_in", "resume_external_in_sync",
+    "retry_external_in", "retry_external_in_sync",
+]
 
 _ASYNC_TYPES = ("an asyncpg Connection (or pool connection), a psycopg AsyncConnection, "
                 "or a SQLAlchemy AsyncConnection / AsyncSession")
@@ -372,3 +385,102 @@ def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
     row = _execute_returning_sync(conn, "job_insert", job.insert_params(), schema=schema,
                                   savepoint=job.unique_key is not None)
     return _job_dict(row)
+
+
+# -- callback resolution in the caller's transaction (spec §3.6) ------------------
+
+
+def _callback_call(action: str, callback_id: Any, arg: Any) -> tuple[str, tuple[Any, ...]]:
+    """The named statement and parameters resolving ``callback_id`` with ``action``."""
+    cid = callbacks.parse_callback_id(callback_id)
+    if action == "complete":
+        return "callback_complete", (cid, dumps(arg, "payload"), states.COMPLETED_RETENTION)
+    if action == "fail":
+        if not isinstance(arg, str) or "\x00" in arg:
+            raise ValidationError("error", "must be a string without NUL bytes")
+        return "callback_fail", (cid, arg, states.FAILED_RETENTION)
+    if action == "retry":
+        return "callback_retry", (cid,)
+    if action == "resume":
+        return "callback_resume", (cid, dumps(arg, "payload"))
+    return "callback_heartbeat", (cid, callbacks.check_timeout(arg))
+
+
+def _resolved(row: Row | None, callback_id: Any) -> dict[str, Any]:
+    if row is None:
+        raise CallbackNotFound(f"callback {callback_id} not found, already resolved, "
+                               "or superseded")
+    return _job_dict(row)
+
+
+async def _resolve_in(conn: Any, action: str, callback_id: Any, arg: Any,
+                      schema: str) -> dict[str, Any]:
+    name, params = _callback_call(action, callback_id, arg)
+    row = await _execute_returning(conn, name, params, schema=schema, savepoint=False)
+    return _resolved(row, callback_id)
+
+
+def _resolve_in_sync(conn: Any, action: str, callback_id: Any, arg: Any,
+                     schema: str) -> dict[str, Any]:
+    name, params = _callback_call(action, callback_id, arg)
+    row = _execute_returning_sync(conn, name, params, schema=schema, savepoint=False)
+    return _resolved(row, callback_id)
+
+
+async def complete_external_in(conn: Any, callback_id: str, payload: Any = None, *,
+                               schema: str = "awa") -> dict[str, Any]:
+    """Complete a waiting job in the caller's transaction."""
+    return await _resolve_in(conn, "complete", callback_id, payload, schema)
+
+
+async def fail_external_in(conn: Any, callback_id: str, error: str, *,
+                           schema: str = "awa") -> dict[str, Any]:
+    """Fail a waiting job in the caller's transaction."""
+    return await _resolve_in(conn, "fail", callback_id, error, schema)
+
+
+async def retry_external_in(conn: Any, callback_id: str, *,
+                            schema: str = "awa") -> dict[str, Any]:
+    """Send a waiting job back to available in the caller's transaction."""
+    return await _resolve_in(conn, "retry", callback_id, None, schema)
+
+
+async def resume_external_in(conn: Any, callback_id: str, payload: Any = None, *,
+                             schema: str = "awa") -> dict[str, Any]:
+    """Resume a waiting handler in the caller's transaction (ADR-021)."""
+    return await _resolve_in(conn, "resume", callback_id, payload, schema)
+
+
+async def heartbeat_callback_in(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+                                *, schema: str = "awa") -> dict[str, Any]:
+    """Push a waiting callback's timeout out, in the caller's transaction."""
+    return await _resolve_in(conn, "heartbeat", callback_id, timeout_seconds, schema)
+
+
+def complete_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
+                              schema: str = "awa") -> dict[str, Any]:
+    """Sync `complete_external_in`."""
+    return _resolve_in_sync(conn, "complete", callback_id, payload, schema)
+
+
+def fail_external_in_sync(conn: Any, callback_id: str, error: str, *,
+                          schema: str = "awa") -> dict[str, Any]:
+    """Sync `fail_external_in`."""
+    return _resolve_in_sync(conn, "fail", callback_id, error, schema)
+
+
+def retry_external_in_sync(conn: Any, callback_id: str, *, schema: str = "awa") -> dict[str, Any]:
+    """Sync `retry_external_in`."""
+    return _resolve_in_sync(conn, "retry", callback_id, None, schema)
+
+
+def resume_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
+                            schema: str = "awa") -> dict[str, Any]:
+    """Sync `resume_external_in`."""
+    return _resolve_in_sync(conn, "resume", callback_id, payload, schema)
+
+
+def heartbeat_callback_in_sync(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+                               *, schema: str = "awa") -> dict[str, Any]:
+    """Sync `heartbeat_callback_in`."""
+    return _resolve_in_sync(conn, "heartbeat", callback_id, timeout_seconds, schema)

@@ -16,7 +16,7 @@ from typing import Any, Unpack
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa import admin, producer, states
+from awa import admin, callbacks, producer, states
 from awa.config import RuntimeConfig
 from awa.db import migrations
 from awa.db.errors import translated
@@ -271,6 +271,33 @@ class AsyncClient:
         """Cancel all jobs of ``queue`` that are waiting to run."""
         return await admin.drain_queue(await self.pool(), self._q, queue,
                                        retention=self.retention_cancelled)
+
+    # -- external callbacks -------------------------------------------------------------
+
+    async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
+        """Complete the job waiting on ``callback_id``."""
+        return await callbacks.complete_external(await self.pool(), self._q, callback_id,
+                                                 payload)
+
+    async def fail_external(self, callback_id: str, error: str) -> Job:
+        """Fail the job waiting on ``callback_id``."""
+        return await callbacks.fail_external(await self.pool(), self._q, callback_id, error,
+                                             retention=self.retention_cancelled)
+
+    async def retry_external(self, callback_id: str) -> Job:
+        """Send the job waiting on ``callback_id`` back to available."""
+        return await callbacks.retry_external(await self.pool(), self._q, callback_id)
+
+    async def resume_external(self, callback_id: str, payload: Any = None) -> Job:
+        """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
+        return await callbacks.resume_external(await self.pool(), self._q, callback_id,
+                                               payload)
+
+    async def heartbeat_callback(self, callback_id: str,
+                                 timeout_seconds: float = 3600.0) -> Job:
+        """Push a waiting callback's timeout to ``timeout_seconds`` from now."""
+        return await callbacks.heartbeat_callback(await self.pool(), self._q, callback_id,
+                                                  timeout_seconds)
 
     async def queue_stats(self) -> list[QueueStat]:
         """Per-queue counts, lag and pause state."""

@@ -103,6 +103,16 @@ class Completer:
                 log.warning("completion batch failed; retrying in %.2fs", delay, exc_info=True)
                 await asyncio.sleep(delay)
 
+    async def park(self, job_id: int, lease: int, callback_id: str,
+                   progress_json: str | None) -> bool:
+        """The handler returned WaitForCallback: park the job on its callback."""
+        import uuid
+
+        with translated():
+            row = await self._pool.fetchrow(self._q["callback_park"], job_id, lease,
+                                            uuid.UUID(callback_id), progress_json)
+        return row is not None
+
     async def write(self, job_id: int, lease: int, outcome: Outcome,
                     progress_json: str | None = None) -> bool:
         """Write a non-batched outcome; False if the lease was stale."""

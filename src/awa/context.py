@@ -1,25 +1,60 @@
 """The ``job`` object a handler receives: the job's fields plus its controls.
 
-Sits between the executor and the handler. Cancellation is a flag that
-admin cancel, rescue, deadline or shutdown set and handlers poll.
+Sits between the executor and the handler. Cancellation is a flag that admin
+cancel, rescue, deadline or shutdown set and handlers poll. Progress is
+buffered here and written with heartbeats, with the outcome, or on flush;
+callbacks are registered and waited on here (ADR-021). Every write is guarded
+by the attempt's run lease.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import math
+import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from awa.model import Job
+import asyncpg
+
+from awa import producer
+from awa.callbacks import check_timeout
+from awa.db.errors import translated
+from awa.db.queries import Queries
+from awa.errors import AwaError, CallbackNotFound, ValidationError
+from awa.model import CallbackToken, Job
 from awa.states import JobState
+
+
+class CallbackWaitAborted(AwaError):
+    """The job left an in-handler wait some other way (completed, failed, cancelled...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptDb:
+    """What a context needs to write under its run lease."""
+
+    pool: asyncpg.Pool
+    q: Queries
+    poll_interval: float
 
 
 class JobContext:
     """A running attempt as the handler sees it (spec §3.4)."""
 
-    def __init__(self, job: Job, args: Any) -> None:
+    def __init__(self, job: Job, args: Any, db: AttemptDb | None = None) -> None:
         self._job = job
         self._args = args
+        self._db = db
         self._cancelled = False  # set from the loop; read from any thread
+        self._active = True
+        self._progress: dict[str, Any] | None = (
+            json.loads(json.dumps(job.progress)) if job.progress is not None else None)
+        self._progress_dirty = False
+        self._callback_id: str | None = None
+        self._wake: asyncio.Event | None = None
 
     # -- read-only fields ---------------------------------------------------------
     @property
@@ -81,7 +116,8 @@ class JobContext:
 
     @property
     def progress(self) -> dict[str, Any] | None:
-        return self._job.progress
+        """The current progress: this attempt's buffer, else the last checkpoint."""
+        return None if self._progress is None else dict(self._progress)
 
     @property
     def traceparent(self) -> str | None:
@@ -98,6 +134,117 @@ class JobContext:
 
     def _cancel(self) -> None:
         self._cancelled = True
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _seal(self) -> None:
+        self._active = False
+
+    def _require_active(self, what: str) -> AttemptDb:
+        if not self._active or self._db is None:
+            raise RuntimeError(f"{what} is only available while the attempt is running")
+        return self._db
+
+    # -- progress -----------------------------------------------------------------
+
+    def set_progress(self, percent: float, message: str | None = None) -> None:
+        """Record progress (clamped to 0-100); written with the next heartbeat."""
+        self._require_active("set_progress")
+        if isinstance(percent, bool) or not isinstance(percent, int | float) \
+                or not math.isfinite(percent):
+            raise ValidationError("percent", "must be a finite number")
+        if message is not None and not isinstance(message, str):
+            raise ValidationError("message", "must be a string")
+        current = self._progress or {"metadata": {}}
+        self._progress = {"percent": min(100.0, max(0.0, float(percent))), "message": message,
+                          "metadata": current.get("metadata") or {}}
+        self._progress_dirty = True
+
+    def update_metadata(self, values: dict[str, Any]) -> None:
+        """Shallow-merge ``values`` into the progress metadata (a resumable checkpoint)."""
+        self._require_active("update_metadata")
+        if not isinstance(values, dict):
+            raise ValidationError("metadata", "must be a dict")
+        producer.dumps(values, "metadata")
+        current = self._progress or {"percent": 0.0, "message": None, "metadata": {}}
+        self._progress = {**current, "metadata": {**(current.get("metadata") or {}), **values}}
+        self._progress_dirty = True
+
+    def _take_progress(self) -> str | None:
+        """The buffered progress as JSON if it changed since the last write."""
+        if not self._progress_dirty:
+            return None
+        self._progress_dirty = False
+        return producer.dumps(self._progress, "progress")
+
+    def _restore_progress(self) -> None:
+        self._progress_dirty = True
+
+    async def flush_progress(self) -> None:
+        """Write buffered progress now."""
+        db = self._require_active("flush_progress")
+        text = self._take_progress()
+        if text is None:
+            return
+        with translated():
+            row = await db.pool.fetchrow(db.q["attempt_progress"], self.id, self.run_lease,
+                                         text)
+        if row is None:
+            raise CallbackWaitAborted(f"job {self.id} is no longer owned by this attempt")
+
+    # -- callbacks ----------------------------------------------------------------
+
+    async def register_callback(self, timeout_seconds: float = 3600) -> CallbackToken:
+        """Register an external callback on this attempt; supersedes any earlier one."""
+        db = self._require_active("register_callback")
+        seconds = check_timeout(timeout_seconds)
+        token = CallbackToken.new()
+        with translated():
+            row = await db.pool.fetchrow(db.q["callback_register"], self.id, self.run_lease,
+                                         uuid.UUID(token.id), seconds)
+        if row is None:
+            raise CallbackWaitAborted(f"job {self.id} is no longer owned by this attempt")
+        self._callback_id = token.id
+        return token
+
+    async def wait_for_callback(self, token: CallbackToken) -> Any:
+        """Park until ``resume_external`` resumes this callback; returns its payload."""
+        db = self._require_active("wait_for_callback")
+        if not isinstance(token, CallbackToken) or token.id != self._callback_id:
+            raise CallbackNotFound("only the latest callback registered by this attempt "
+                                   "can be waited on")
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.clear()
+        progress = self._take_progress()
+        cid = uuid.UUID(token.id)
+        with translated():
+            await db.pool.fetchrow(db.q["callback_wait"], self.id, self.run_lease, cid, progress)
+        while True:
+            with translated():
+                st = await db.pool.fetchrow(db.q["callback_wait_status"], self.id)
+            if st is None or st["run_lease"] != self.run_lease:
+                raise CallbackWaitAborted(f"job {self.id} left the wait (finished or taken over)")
+            if st["state"] == "running":
+                if st["resumed"] == token.id:
+                    self._callback_id = None
+                    return st["result"]
+                with translated():  # not parked yet: park now
+                    parked = await db.pool.fetchrow(db.q["callback_wait"], self.id,
+                                                    self.run_lease, cid, None)
+                if parked is None:
+                    raise CallbackWaitAborted(f"job {self.id} left the wait")
+                continue
+            if st["state"] != "waiting_external" or self._cancelled:
+                raise CallbackWaitAborted(f"job {self.id} left the wait ({st['state']})")
+            try:
+                await asyncio.wait_for(self._wake.wait(), db.poll_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
 
     def __repr__(self) -> str:
         return (f"<JobContext id={self.id} kind={self.kind!r} queue={self.queue!r} "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from awa import producer, states
-from awa.context import JobContext
+from awa.context import AttemptDb, JobContext
 from awa.errors import SerializationError, TerminalError, ValidationError
 from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
 from awa.tasks import Registry
@@ -84,9 +84,10 @@ def outcome_of_error(exc: BaseException, job: Job) -> Outcome:
 class JobExecutor:
     """Runs handlers for claimed jobs; one per worker process."""
 
-    def __init__(self, registry: Registry, threads: Executor) -> None:
+    def __init__(self, registry: Registry, threads: Executor, db: AttemptDb | None) -> None:
         self._registry = registry
         self._threads = threads
+        self._db = db
 
     def prepare(self, job: Job) -> tuple[JobContext | None, Outcome | None]:
         """The handler context, or the outcome that makes running impossible."""
@@ -99,7 +100,7 @@ class JobExecutor:
         except Exception as exc:
             err = SerializationError(f"args of {job.kind!r} do not decode: {exc}")
             return None, Outcome("fail", error=describe_error(err), terminal=True)
-        return JobContext(job, args), None
+        return JobContext(job, args, self._db), None
 
     async def run(self, job: Job, ctx: JobContext,
                   on_start: Callable[[], None] | None = None) -> Outcome:
@@ -119,3 +120,5 @@ class JobExecutor:
             raise
         except Exception as exc:
             return outcome_of_error(exc, job)
+        finally:
+            ctx._seal()

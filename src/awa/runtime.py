@@ -24,7 +24,7 @@ import asyncpg
 from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
-from awa.context import JobContext
+from awa.context import AttemptDb, JobContext
 from awa.db.queries import Queries
 from awa.dispatcher import Dispatcher
 from awa.executor import JobExecutor, Outcome
@@ -83,7 +83,8 @@ class Runtime:
         total = sum(self.capacity.limit(qc.name) for qc in config.queues)
         self._threads = ThreadPoolExecutor(max_workers=max(1, min(total, 256)),
                                            thread_name_prefix="awa-handler")
-        self._executor = JobExecutor(registry, self._threads)
+        self._executor = JobExecutor(registry, self._threads,
+                                     AttemptDb(pool, q, config.poll_interval.total_seconds()))
         self.completer = Completer(pool, q, completed_retention=config.completed_retention,
                                    failed_retention=config.failed_retention)
         poll = config.poll_interval.total_seconds()
@@ -103,7 +104,8 @@ class Runtime:
     def _make_services(self) -> list[PeriodicService]:
         c, pool, q = self.config, self._pool, self._q
         is_leader = lambda: self.leader.is_leader  # noqa: E731
-        rescue_every = min(c.heartbeat_rescue_interval, c.deadline_rescue_interval)
+        rescue_every = min(c.heartbeat_rescue_interval, c.deadline_rescue_interval,
+                           c.callback_rescue_interval)
         horizon = max(c.completed_retention, c.failed_retention) + c.cleanup_interval * 2
         return [
             self.leader,
@@ -184,20 +186,25 @@ class Runtime:
         self._release(job.queue)
         assert outcome is not None
         try:
-            await self._record(job, outcome)
+            await self._record(job, ctx, outcome)
         finally:
             attempt = self._attempts.get(job.id)
             if attempt is not None and attempt.lease == job.run_lease:
                 del self._attempts[job.id]
 
-    async def _record(self, job: Job, outcome: Outcome) -> None:
+    async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
         if outcome.kind == "completed":
             self.completer.complete(job.id, job.run_lease, outcome.output_json)
             return
+        progress = ctx._take_progress() if ctx is not None else None
         if outcome.kind == "wait":
+            if ctx is not None and outcome.token is not None \
+                    and outcome.token == ctx._callback_id:
+                await self.completer.park(job.id, job.run_lease, outcome.token, progress)
+                return
             outcome = Outcome("fail", error="WaitForCallback returned without a callback "
                               "registered in this attempt", terminal=True)
-        written = await self.completer.write(job.id, job.run_lease, outcome)
+        written = await self.completer.write(job.id, job.run_lease, outcome, progress)
         if not written:
             log.info("outcome of job %d dropped: its run lease is stale", job.id)
 
@@ -209,9 +216,12 @@ class Runtime:
         else:
             self.dispatchers[queue].wake()
 
-    def _live_attempts(self) -> dict[int, int]:
-        live = {job_id: a.lease for job_id, a in self._attempts.items()}
-        live.update(self.completer.pending())
+    def _live_attempts(self) -> list[tuple[int, int, JobContext | None]]:
+        """Attempts to heartbeat: running handlers, and completions not yet written."""
+        live: list[tuple[int, int, JobContext | None]] = [
+            (job_id, a.lease, a.ctx) for job_id, a in self._attempts.items()]
+        live.extend((job_id, lease, None) for job_id, lease in self.completer.pending().items()
+                    if job_id not in self._attempts)
         return live
 
     def _lost(self, job_id: int) -> None:
@@ -234,6 +244,10 @@ class Runtime:
                 d.wake()
         elif channel == "awa_cancel" and payload.isdigit():
             self._lost(int(payload))
+        elif channel == "awa_callback" and payload.isdigit():
+            attempt = self._attempts.get(int(payload))
+            if attempt is not None:
+                attempt.ctx._notify()
 
     async def _listen_loop(self) -> None:
         """Keep a LISTEN connection open; reconnect after failures, poll meanwhile."""
@@ -244,6 +258,7 @@ class Runtime:
                     self._listener = await asyncpg.connect(self._url)
                     await self._listener.add_listener("awa_jobs", self._on_notify)
                     await self._listener.add_listener("awa_cancel", self._on_notify)
+                    await self._listener.add_listener("awa_callback", self._on_notify)
                     for d in self.dispatchers.values():
                         d.wake()  # catch up on anything sent while disconnected
                     delay = 0.1

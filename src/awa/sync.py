@@ -150,6 +150,11 @@ class Client:
     drain_queue = _delegate(AsyncClient.drain_queue)
     queue_stats = _delegate(AsyncClient.queue_stats)
     install_queue_storage = _delegate(AsyncClient.install_queue_storage)
+    complete_external = _delegate(AsyncClient.complete_external)
+    fail_external = _delegate(AsyncClient.fail_external)
+    retry_external = _delegate(AsyncClient.retry_external)
+    resume_external = _delegate(AsyncClient.resume_external)
+    heartbeat_callback = _delegate(AsyncClient.heartbeat_callback)
     storage_status = _delegate(AsyncClient.storage_status)
 
 

@@ -24,3 +24,16 @@ async def sleepy(job: awa.Job) -> None:
     await pool.execute("CREATE TABLE IF NOT EXISTS runs (job_id bigint, attempt int, pid int)")
     await pool.execute("INSERT INTO runs VALUES ($1, $2, $3)", job.id, job.attempt, os.getpid())
     await asyncio.sleep(job.args.seconds)
+
+
+@dataclass
+class Checkpointed:
+    seconds: float
+
+
+@client.task(Checkpointed, queue="procs")
+async def checkpointed(job: awa.JobContext) -> None:
+    job.set_progress(50, "halfway")
+    job.update_metadata({"cursor": 500, "attempt_seen": job.attempt})
+    await job.flush_progress()
+    await asyncio.sleep(job.args.seconds)

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import asyncpg
 
+from awa.context import JobContext
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
 
@@ -51,14 +52,17 @@ class Rescuer(PeriodicService):
         self.rescued = 0
 
     async def run_once(self) -> None:
-        while True:
-            rows = await self._pool.fetch(self._q["job_rescue_running"], self._staleness,
-                                          RESCUE_BATCH, self._failed_retention)
-            self.rescued += len(rows)
-            for r in rows:
-                log.info("rescued job %d (%s) -> %s", r["id"], r["kind"], r["outcome"])
-            if len(rows) < RESCUE_BATCH:
-                return
+        q = self._q
+        for name, args in (
+                ("job_rescue_running", (self._staleness, RESCUE_BATCH, self._failed_retention)),
+                ("callback_rescue_expired", (RESCUE_BATCH, self._failed_retention))):
+            while True:
+                rows = await self._pool.fetch(q[name], *args)
+                self.rescued += len(rows)
+                for r in rows:
+                    log.info("rescued job %d (%s) -> %s", r["id"], r["kind"], r["outcome"])
+                if len(rows) < RESCUE_BATCH:
+                    break
 
 
 class Cleaner(PeriodicService):
@@ -96,7 +100,7 @@ class Heartbeat(PeriodicService):
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
-                 attempts: Callable[[], dict[int, int]],
+                 attempts: Callable[[], list[tuple[int, int, JobContext | None]]],
                  lost: Callable[[int], None]) -> None:
         super().__init__(interval, lambda: True)
         self._pool, self._q = pool, q
@@ -110,10 +114,17 @@ class Heartbeat(PeriodicService):
         attempts = self._attempts()
         if not attempts:
             return
-        ids = list(attempts)
-        rows = await self._pool.fetch(self._q["attempt_heartbeat"], ids,
-                                      [attempts[i] for i in ids])
+        progress = [ctx._take_progress() if ctx is not None else None for _, _, ctx in attempts]
+        try:
+            rows = await self._pool.fetch(self._q["attempt_heartbeat"],
+                                          [a[0] for a in attempts], [a[1] for a in attempts],
+                                          progress)
+        except BaseException:
+            for (_, _, ctx), text in zip(attempts, progress, strict=True):
+                if ctx is not None and text is not None:
+                    ctx._restore_progress()
+            raise
         alive = {r["id"] for r in rows}
-        for job_id in ids:
+        for job_id, _, _ in attempts:
             if job_id not in alive:
                 self._lost(job_id)

@@ -45,14 +45,15 @@ RETURNING j.*
 -- Returns the attempts still owned; a missing one was rescued or cancelled.
 -- Rows are locked in id order, as the completion batch locks them, so the
 -- two can never deadlock.
+-- Buffered progress ($3, NULL = unchanged) is written along.
 WITH c AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, progress)
 ), locked AS (
-    SELECT j.id FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
+    SELECT j.id, c.progress FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
     WHERE j.state IN ('running', 'waiting_external')
     ORDER BY j.id FOR UPDATE OF j
 )
-UPDATE awa.jobs j SET heartbeat_at = now()
+UPDATE awa.jobs j SET heartbeat_at = now(), progress = coalesce(locked.progress, j.progress)
 FROM locked WHERE j.id = locked.id
 RETURNING j.id
 

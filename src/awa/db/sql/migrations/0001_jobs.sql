@@ -302,12 +302,13 @@ CREATE FUNCTION awa.finished(
     p_error jsonb DEFAULT NULL,
     p_progress jsonb DEFAULT NULL,
     p_clear_progress boolean DEFAULT false,
-    p_output jsonb DEFAULT NULL
+    p_output jsonb DEFAULT NULL,
+    p_metadata jsonb DEFAULT NULL
 ) RETURNS awa.jobs_done
 LANGUAGE sql STABLE AS $$
     SELECT j.id, j.kind, j.queue, j.args, p_state, j.priority, j.attempt, j.max_attempts,
            j.run_lease, j.run_at, j.created_at, j.attempted_at, j.heartbeat_at, j.deadline_at,
-           now(), j.tags, j.metadata,
+           now(), j.tags, j.metadata || coalesce(p_metadata, '{}'::jsonb),
            CASE WHEN p_error IS NULL THEN j.errors
                 ELSE coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(p_error) END,
            CASE WHEN p_clear_progress THEN NULL ELSE coalesce(p_progress, j.progress) END,

@@ -1,0 +1,89 @@
+"""External callbacks, resolved from outside the handler (spec §4.4, ADR-021).
+
+A handler registers a callback (a UUID stored on its running attempt) and
+either returns `WaitForCallback` (the job parks, its slot is freed) or awaits
+``job.wait_for_callback`` (the handler stays alive). Another system then
+completes, fails, retries or resumes it by id, or heartbeats it to push the
+timeout out. Each resolution is one statement that clears the id, so it
+happens exactly once; the loser of a race gets `CallbackNotFound`.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from awa import producer, states
+from awa.db.errors import translated
+from awa.db.pool import Conn
+from awa.db.queries import Queries
+from awa.errors import CallbackNotFound, ValidationError
+from awa.model import Job
+
+Executor = Conn | asyncpg.Pool
+
+
+def parse_callback_id(callback_id: Any) -> uuid.UUID:
+    """The id as a UUID; anything else cannot name a callback."""
+    try:
+        return callback_id if isinstance(callback_id, uuid.UUID) else uuid.UUID(str(callback_id))
+    except ValueError as exc:
+        raise CallbackNotFound(f"callback {callback_id!r} not found") from exc
+
+
+def check_timeout(timeout_seconds: Any) -> float:
+    """A finite, non-negative number of seconds, else `ValidationError`."""
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float):
+        raise ValidationError("timeout_seconds", "must be a number of seconds")
+    if not math.isfinite(timeout_seconds) or timeout_seconds < 0:
+        raise ValidationError("timeout_seconds", "must be finite and >= 0")
+    return float(timeout_seconds)
+
+
+async def _resolve(db: Executor, sql: str, callback_id: Any, *args: Any) -> Job:
+    cid = parse_callback_id(callback_id)
+    with translated():
+        row = await db.fetchrow(sql, cid, *args)
+    if row is None:
+        raise CallbackNotFound(f"callback {cid} not found, already resolved, or superseded")
+    return Job.from_row(row)
+
+
+async def complete_external(db: Executor, q: Queries, callback_id: Any, payload: Any = None,
+                            *, retention: timedelta = states.COMPLETED_RETENTION) -> Job:
+    """Complete the job waiting on ``callback_id``; the payload is kept in its metadata."""
+    text = producer.dumps(payload, "payload")
+    return await _resolve(db, q["callback_complete"], callback_id, text, retention)
+
+
+async def fail_external(db: Executor, q: Queries, callback_id: Any, error: str,
+                        *, retention: timedelta = states.FAILED_RETENTION) -> Job:
+    """Fail the job waiting on ``callback_id`` with ``error``."""
+    if not isinstance(error, str):
+        raise ValidationError("error", "must be a string")
+    if "\x00" in error:
+        raise ValidationError("error", "must not contain NUL bytes")
+    return await _resolve(db, q["callback_fail"], callback_id, error, retention)
+
+
+async def retry_external(db: Executor, q: Queries, callback_id: Any) -> Job:
+    """Send the job waiting on ``callback_id`` back to available."""
+    return await _resolve(db, q["callback_retry"], callback_id)
+
+
+async def resume_external(db: Executor, q: Queries, callback_id: Any,
+                          payload: Any = None) -> Job:
+    """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
+    text = producer.dumps(payload, "payload")
+    return await _resolve(db, q["callback_resume"], callback_id, text)
+
+
+async def heartbeat_callback(db: Executor, q: Queries, callback_id: Any,
+                             timeout_seconds: float = 3600.0) -> Job:
+    """Push the timeout of a waiting callback to ``timeout_seconds`` from now."""
+    seconds = check_timeout(timeout_seconds)
+    return await _resolve(db, q["callback_heartbeat"], callback_id, seconds)

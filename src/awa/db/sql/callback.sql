@@ -1,0 +1,127 @@
+-- Statements on external callbacks (spec §4.4, ADR-021). A callback id lives
+-- on the job row (unique while set); resolving clears it in the same
+-- statement, so of two racing resolutions exactly one matches a row. Every
+-- resolution notifies awa_callback with the job id, to wake a waiting handler.
+
+-- name: callback_register
+-- The attempt's newest callback; it supersedes any earlier one.
+UPDATE awa.jobs
+SET callback_id = $3, callback_timeout_at = now() + make_interval(secs => $4::float8)
+WHERE id = $1 AND run_lease = $2 AND state = 'running'
+RETURNING id
+
+-- name: callback_park
+-- The handler returned WaitForCallback: park and free the slot. If the
+-- callback was already resumed (early callback), the job is re-dispatched.
+UPDATE awa.jobs
+SET state = CASE WHEN callback_id = $3 THEN 'waiting_external'
+                 ELSE 'available' END::awa.job_state,
+    run_at = now(), heartbeat_at = NULL, deadline_at = NULL, progress = coalesce($4, progress)
+WHERE id = $1 AND run_lease = $2 AND state = 'running'
+  AND (callback_id = $3 OR (callback_id IS NULL AND metadata->>'awa:resumed_callback' = $3::text))
+RETURNING state
+
+-- name: callback_wait
+-- The handler waits in place (ADR-021): park while it stays alive.
+UPDATE awa.jobs
+SET state = 'waiting_external', heartbeat_at = now(), progress = coalesce($4, progress)
+WHERE id = $1 AND run_lease = $2 AND state = 'running' AND callback_id = $3
+RETURNING id
+
+-- name: callback_wait_status
+SELECT state, run_lease, callback_id, metadata->>'awa:resumed_callback' AS resumed,
+       metadata->'_awa_callback_result' AS result
+FROM awa.jobs WHERE id = $1
+
+-- name: callback_complete
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.callback_id = $1 AND j.state IN ('waiting_external', 'running')
+    RETURNING j
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m,
+        LATERAL awa.finished(m.j, 'completed', $3::interval, NULL, NULL, true, NULL,
+                             jsonb_build_object('_awa_callback_result', $2::text::jsonb)) f
+    RETURNING *
+)
+SELECT done.*, pg_notify('awa_callback', done.id::text) AS notified FROM done
+
+-- name: callback_fail
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.callback_id = $1 AND j.state IN ('waiting_external', 'running')
+    RETURNING j
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m,
+        LATERAL awa.finished(m.j, 'failed', $3::interval,
+                             awa.error_entry($2, (m.j).attempt, true)) f
+    RETURNING *
+)
+SELECT done.*, pg_notify('awa_callback', done.id::text) AS notified FROM done
+
+-- name: callback_retry
+UPDATE awa.jobs
+SET state = 'available', run_at = now(), callback_id = NULL, callback_timeout_at = NULL,
+    heartbeat_at = NULL, deadline_at = NULL
+WHERE callback_id = $1 AND state IN ('waiting_external', 'running')
+RETURNING *, pg_notify('awa_callback', id::text) AS notified
+
+-- name: callback_resume
+-- Back to running with the payload for the waiting handler. A job parked by a
+-- returned WaitForCallback has no live handler (no heartbeat): it is
+-- re-dispatched instead, with the payload in its metadata.
+UPDATE awa.jobs
+SET state = CASE WHEN heartbeat_at IS NULL THEN 'available' ELSE 'running' END::awa.job_state,
+    run_at = now(),
+    heartbeat_at = CASE WHEN heartbeat_at IS NULL THEN NULL ELSE now() END,
+    deadline_at = CASE WHEN heartbeat_at IS NOT NULL AND deadline_at IS NOT NULL
+                       THEN now() + (deadline_at - attempted_at) END,
+    metadata = metadata || jsonb_build_object('_awa_callback_result', $2::text::jsonb,
+                                              'awa:resumed_callback', callback_id::text),
+    callback_id = NULL, callback_timeout_at = NULL
+WHERE callback_id = $1 AND state IN ('waiting_external', 'running')
+RETURNING *, pg_notify('awa_callback', id::text) AS notified
+
+-- name: callback_heartbeat
+-- Push the timeout forward, only while the job is waiting on this callback.
+UPDATE awa.jobs
+SET callback_timeout_at = now() + make_interval(secs => $2::float8)
+WHERE callback_id = $1 AND state = 'waiting_external'
+RETURNING *
+
+-- name: callback_rescue_expired
+-- Callbacks past their timeout: retryable with backoff, or failed when attempts
+-- are exhausted, with the error "callback timed out"; a live waiter is told.
+WITH expired AS (
+    SELECT id FROM awa.jobs
+    WHERE state = 'waiting_external' AND callback_timeout_at < now()
+    LIMIT $1 FOR UPDATE SKIP LOCKED
+), failing AS (
+    DELETE FROM awa.jobs j USING expired e
+    WHERE j.id = e.id AND j.attempt >= j.max_attempts
+    RETURNING j
+), failed AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM failing m,
+        LATERAL awa.finished(m.j, 'failed', $2::interval,
+                             awa.error_entry('callback timed out', (m.j).attempt, true)) f
+    RETURNING id, queue, kind, 'failed'::text AS outcome
+), retried AS (
+    UPDATE awa.jobs j
+    SET state = 'retryable', run_at = now() + awa.retry_delay(j.attempt),
+        errors = coalesce(j.errors, '[]'::jsonb)
+                 || jsonb_build_array(awa.error_entry('callback timed out', j.attempt, false)),
+        heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
+    FROM expired e
+    WHERE j.id = e.id AND j.attempt < j.max_attempts
+    RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
+)
+SELECT r.*, pg_notify('awa_callback', r.id::text), pg_notify('awa_cancel', r.id::text)
+FROM (SELECT * FROM failed UNION ALL SELECT * FROM retried) r
+
+-- name: attempt_progress
+UPDATE awa.jobs SET progress = $3
+WHERE id = $1 AND run_lease = $2 AND state IN ('running', 'waiting_external')
+RETURNING id

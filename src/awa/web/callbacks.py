@@ -1,0 +1,119 @@
+"""HTTP ingress for external callbacks: a plain ASGI app (spec §3.8).
+
+``POST {prefix}/callbacks/{id}/complete|fail|resume|heartbeat`` with a JSON
+object body: ``{"payload": ...}`` for complete and resume, ``{"error": "..."}``
+for fail, ``{"timeout_seconds": n}`` (optional) for heartbeat. With a secret
+configured, ``X-Awa-Signature`` must sign the id (401 otherwise, nothing
+changes); malformed bodies get 400 and unknown ids 404. Mount it in any ASGI
+server or framework.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from awa import callback_contract
+from awa.errors import CallbackNotFound, SerializationError, ValidationError
+
+if TYPE_CHECKING:
+    from awa.client import AsyncClient
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+MAX_BODY = 1024 * 1024
+
+
+async def _respond(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
+                 prefix: str = "/api") -> ASGIApp:
+    """An ASGI app resolving callbacks through ``client``."""
+    if secret is not None:
+        callback_contract.sign(secret, "check")  # validates the secret's length now
+    route = re.compile("^" + re.escape(prefix.rstrip("/"))
+                       + r"/callbacks/(?P<id>[^/]+)/(?P<action>complete|fail|resume|heartbeat)$")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        match = route.match(scope["path"])
+        if match is None:
+            await _respond(send, 404, {"error": "not found"})
+            return
+        if scope["method"] != "POST":
+            await _respond(send, 405, {"error": "use POST"})
+            return
+        callback_id, action = match["id"], match["action"]
+        if secret is not None:
+            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+            signature = headers.get(callback_contract.SIGNATURE_HEADER.lower())
+            if not callback_contract.verify(secret, callback_id, signature):
+                await _respond(send, 401, {"error": "missing or invalid signature"})
+                return
+        raw = await _read_body(receive)
+        if raw is None:
+            await _respond(send, 413, {"error": "body too large"})
+            return
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            await _respond(send, 400, {"error": "body is not JSON"})
+            return
+        if not isinstance(body, dict):
+            await _respond(send, 400, {"error": "body must be a JSON object"})
+            return
+        try:
+            job = await _dispatch(client, action, callback_id, body)
+        except CallbackNotFound as exc:
+            await _respond(send, 404, {"error": str(exc)})
+            return
+        except (ValidationError, SerializationError) as exc:
+            await _respond(send, 400, {"error": str(exc)})
+            return
+        await _respond(send, 200, {"id": job.id, "state": str(job.state)})
+
+    return app
+
+
+async def _dispatch(client: AsyncClient, action: str, callback_id: str,
+                    body: dict[str, Any]) -> Any:
+    if action == "complete":
+        return await client.complete_external(callback_id, body.get("payload"))
+    if action == "resume":
+        return await client.resume_external(callback_id, body.get("payload"))
+    if action == "fail":
+        error = body.get("error")
+        if not isinstance(error, str):
+            raise ValidationError("error", "a string is required")
+        return await client.fail_external(callback_id, error)
+    return await client.heartbeat_callback(callback_id, body.get("timeout_seconds", 3600.0))
