@@ -22,6 +22,7 @@ from awa.errors import (
     UnknownJobKind,
     ValidationError,
 )
+from awa.followups import EnqueueRequest, JobEvent, OutcomeContext
 from awa.model import (
     CallbackToken,
     Cancel,
@@ -57,11 +58,14 @@ __all__ = [
     "Cancel",
     "Client",
     "DatabaseError",
+    "EnqueueRequest",
     "HealthCheck",
     "Job",
     "JobContext",
+    "JobEvent",
     "JobNotFound",
     "JobState",
+    "OutcomeContext",
     "Output",
     "QueueHealth",
     "QueueStat",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +24,7 @@ from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.errors import CallbackNotFound, ValidationError
+from awa.followups import FollowUpRegistry, OutcomeContext, Trigger, insert_followups
 from awa.model import Job
 
 Executor = Conn | asyncpg.Pool
@@ -44,46 +47,73 @@ def check_timeout(timeout_seconds: Any) -> float:
     return float(timeout_seconds)
 
 
-async def _resolve(db: Executor, sql: str, callback_id: Any, *args: Any) -> Job:
+@asynccontextmanager
+async def _connection(db: Executor) -> AsyncIterator[Conn]:
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            yield conn
+    else:
+        yield db
+
+
+async def _resolve(db: Executor, q: Queries, name: str, callback_id: Any, *args: Any,
+                   trigger: Trigger | None = None,
+                   followups: FollowUpRegistry | None = None) -> Job:
+    """Run one resolution; registered specs for ``trigger`` commit with it."""
     cid = parse_callback_id(callback_id)
     with translated():
-        row = await db.fetchrow(sql, cid, *args)
-    if row is None:
-        raise CallbackNotFound(f"callback {cid} not found, already resolved, or superseded")
-    return Job.from_row(row)
+        async with _connection(db) as conn, conn.transaction():
+            row = await conn.fetchrow(q[name], cid, *args)
+            if row is None:
+                raise CallbackNotFound(
+                    f"callback {cid} not found, already resolved, or superseded")
+            job = Job.from_row(row)
+            if followups is not None and trigger is not None \
+                    and followups.has_specs(trigger, job.kind):
+                requests = followups.build(trigger, job, OutcomeContext(trigger))
+                await insert_followups(conn, q, requests, trigger_id=job.id)
+    if followups is not None and trigger is not None:
+        followups.emit(trigger, job)
+    return job
 
 
 async def complete_external(db: Executor, q: Queries, callback_id: Any, payload: Any = None,
-                            *, retention: timedelta = states.COMPLETED_RETENTION) -> Job:
+                            *, retention: timedelta = states.COMPLETED_RETENTION,
+                            followups: FollowUpRegistry | None = None) -> Job:
     """Complete the job waiting on ``callback_id``; the payload is kept in its metadata."""
     text = producer.dumps(payload, "payload")
-    return await _resolve(db, q["callback_complete"], callback_id, text, retention)
+    return await _resolve(db, q, "callback_complete", callback_id, text, retention,
+                          trigger="completed", followups=followups)
 
 
 async def fail_external(db: Executor, q: Queries, callback_id: Any, error: str,
-                        *, retention: timedelta = states.FAILED_RETENTION) -> Job:
+                        *, retention: timedelta = states.FAILED_RETENTION,
+                        followups: FollowUpRegistry | None = None) -> Job:
     """Fail the job waiting on ``callback_id`` with ``error``."""
     if not isinstance(error, str):
         raise ValidationError("error", "must be a string")
     if "\x00" in error:
         raise ValidationError("error", "must not contain NUL bytes")
-    return await _resolve(db, q["callback_fail"], callback_id, error, retention)
+    return await _resolve(db, q, "callback_fail", callback_id, error, retention,
+                          trigger="exhausted", followups=followups)
 
 
-async def retry_external(db: Executor, q: Queries, callback_id: Any) -> Job:
+async def retry_external(db: Executor, q: Queries, callback_id: Any,
+                         *, followups: FollowUpRegistry | None = None) -> Job:
     """Send the job waiting on ``callback_id`` back to available."""
-    return await _resolve(db, q["callback_retry"], callback_id)
+    return await _resolve(db, q, "callback_retry", callback_id, trigger="retried",
+                          followups=followups)
 
 
 async def resume_external(db: Executor, q: Queries, callback_id: Any,
                           payload: Any = None) -> Job:
     """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
     text = producer.dumps(payload, "payload")
-    return await _resolve(db, q["callback_resume"], callback_id, text)
+    return await _resolve(db, q, "callback_resume", callback_id, text)
 
 
 async def heartbeat_callback(db: Executor, q: Queries, callback_id: Any,
                              timeout_seconds: float = 3600.0) -> Job:
     """Push the timeout of a waiting callback to ``timeout_seconds`` from now."""
     seconds = check_timeout(timeout_seconds)
-    return await _resolve(db, q["callback_heartbeat"], callback_id, seconds)
+    return await _resolve(db, q, "callback_heartbeat", callback_id, seconds)

@@ -23,12 +23,16 @@ from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.errors import ValidationError
+from awa.followups import FollowUpRegistry, JobEvent
 from awa.model import Job, QueueStat
 from awa.options import InsertOptions
 from awa.runtime import HealthCheck, Runtime
 from awa.states import JobState
 from awa.tasks import Handler, Registry, make_spec
 from awa.transaction import Transaction, TransactionStart
+
+FollowUpFn = Callable[..., Any]
+EventFn = Callable[[JobEvent], Any]
 
 
 class AsyncClient:
@@ -48,6 +52,7 @@ class AsyncClient:
         self._pool_lock = asyncio.Lock()
         self.retention_cancelled = states.FAILED_RETENTION
         self._registry = Registry()
+        self._followups = FollowUpRegistry()
         self._runtime: Runtime | None = None
 
     @property
@@ -193,6 +198,53 @@ class AsyncClient:
             return handler
         return register
 
+    # -- follow-ups and hooks (spec §4.6) ----------------------------------------------
+
+    def on_completed_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
+        """Insert ``fn(args, job[, context])``'s follow-up atomically with completion."""
+        self._followups.add_spec("completed", trigger_type, fn)
+
+    def on_retried_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
+        """Follow-up atomically with a retry (handler error, RetryAfter, retry_external)."""
+        self._followups.add_spec("retried", trigger_type, fn)
+
+    def on_exhausted_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
+        """Follow-up atomically with a terminal failure."""
+        self._followups.add_spec("exhausted", trigger_type, fn)
+
+    def on_cancelled_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
+        """Follow-up atomically with a handler's Cancel."""
+        self._followups.add_spec("cancelled", trigger_type, fn)
+
+    def on_waiting_for_callback_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
+        """Follow-up atomically with parking on a callback."""
+        self._followups.add_spec("waiting_for_callback", trigger_type, fn)
+
+    def on_rescued_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
+        """Follow-up after maintenance rescues a job (best effort, after commit)."""
+        self._followups.add_spec("rescued", trigger_type, fn)
+
+    def on_event(self, kind_or_type: Any = None, callback: EventFn | None = None, *,
+                 events: Sequence[str] | None = None) -> Any:
+        """Observe lifecycle events of one kind (or all with None), after commit.
+
+        Use as ``client.on_event(SendEmail, fn)`` or as a decorator
+        ``@client.on_event(SendEmail, events=["completed"])``.
+        """
+        kind = None
+        if isinstance(kind_or_type, str):
+            kind = producer.check_name("kind", kind_or_type)
+        elif kind_or_type is not None:
+            kind = producer.derive_kind(kind_or_type.__name__)
+        if callback is not None:
+            self._followups.add_hook(kind, events, callback)
+            return callback
+
+        def register(fn: EventFn) -> EventFn:
+            self._followups.add_hook(kind, events, fn)
+            return fn
+        return register
+
     async def start(self, queues: Iterable[Any] | None = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (spec §3.2 options)."""
         if self._runtime is not None:
@@ -200,7 +252,7 @@ class AsyncClient:
         config = RuntimeConfig.from_start_kwargs(queues, self._registry.queues(), **options)
         pool = await self.pool()
         self._runtime = Runtime(pool, self._q, self._registry, config,
-                                await self.database_url())
+                                await self.database_url(), self._followups)
         await self._runtime.start()
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -277,16 +329,18 @@ class AsyncClient:
     async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
         """Complete the job waiting on ``callback_id``."""
         return await callbacks.complete_external(await self.pool(), self._q, callback_id,
-                                                 payload)
+                                                 payload, followups=self._followups)
 
     async def fail_external(self, callback_id: str, error: str) -> Job:
         """Fail the job waiting on ``callback_id``."""
         return await callbacks.fail_external(await self.pool(), self._q, callback_id, error,
-                                             retention=self.retention_cancelled)
+                                             retention=self.retention_cancelled,
+                                             followups=self._followups)
 
     async def retry_external(self, callback_id: str) -> Job:
         """Send the job waiting on ``callback_id`` back to available."""
-        return await callbacks.retry_external(await self.pool(), self._q, callback_id)
+        return await callbacks.retry_external(await self.pool(), self._q, callback_id,
+                                              followups=self._followups)
 
     async def resume_external(self, callback_id: str, payload: Any = None) -> Job:
         """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import asyncpg
@@ -21,6 +23,8 @@ import asyncpg
 from awa.db.errors import translated
 from awa.db.queries import Queries
 from awa.executor import Outcome
+from awa.followups import insert_followups
+from awa.producer import PreparedJob
 
 log = logging.getLogger("awa.completion")
 RETRY_DELAYS = (0.05, 0.2, 1.0, 2.0, 5.0)
@@ -30,7 +34,8 @@ class Completer:
     """Writes outcomes; batches completions."""
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, *, completed_retention: timedelta,
-                 failed_retention: timedelta, max_batch: int = 512) -> None:
+                 failed_retention: timedelta, max_batch: int = 512,
+                 on_completed: Callable[[list[int]], None] | None = None) -> None:
         self._pool = pool
         self._q = q
         self._completed_retention = completed_retention
@@ -44,6 +49,7 @@ class Completer:
         self._task: asyncio.Task[None] | None = None
         self.completed = 0
         self.stale = 0
+        self._on_completed = on_completed
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._flusher(), name="awa-completer")
@@ -93,6 +99,8 @@ class Completer:
                         self._completed_retention, self._shard)
                 self.completed += len(rows)
                 self.stale += len(batch) - len(rows)
+                if self._on_completed is not None and rows:
+                    self._on_completed([r["id"] for r in rows])
                 return
             except Exception:
                 if delay is None:
@@ -103,44 +111,63 @@ class Completer:
                 log.warning("completion batch failed; retrying in %.2fs", delay, exc_info=True)
                 await asyncio.sleep(delay)
 
-    async def park(self, job_id: int, lease: int, callback_id: str,
-                   progress_json: str | None) -> bool:
-        """The handler returned WaitForCallback: park the job on its callback."""
-        import uuid
-
-        with translated():
-            row = await self._pool.fetchrow(self._q["callback_park"], job_id, lease,
-                                            uuid.UUID(callback_id), progress_json)
-        return row is not None
+    def _statement(self, job_id: int, lease: int, outcome: Outcome,
+                   progress_json: str | None) -> tuple[str, tuple[object, ...]]:
+        q = self._q
+        if outcome.kind == "completed":
+            return q["attempt_complete_batch"], ([job_id], [lease], [outcome.output_json],
+                                                 self._completed_retention, self._shard)
+        if outcome.kind == "retry":
+            return q["attempt_retry"], (job_id, lease, outcome.delay, outcome.error,
+                                        progress_json)
+        if outcome.kind == "snooze":
+            return q["attempt_snooze"], (job_id, lease, outcome.delay, progress_json)
+        if outcome.kind == "cancel":
+            return q["attempt_cancel"], (job_id, lease, outcome.error, self._failed_retention,
+                                         progress_json)
+        if outcome.kind == "fail":
+            return q["attempt_fail"], (job_id, lease, outcome.error, self._failed_retention,
+                                       progress_json, self._shard, outcome.terminal)
+        if outcome.kind == "wait" and outcome.token is not None:
+            return q["callback_park"], (job_id, lease, uuid.UUID(outcome.token), progress_json)
+        raise ValueError(f"cannot write outcome {outcome.kind!r}")
 
     async def write(self, job_id: int, lease: int, outcome: Outcome,
-                    progress_json: str | None = None) -> bool:
-        """Write a non-batched outcome; False if the lease was stale."""
-        q = self._q
-        args: tuple[object, ...]
-        if outcome.kind == "retry":
-            sql, args = q["attempt_retry"], (job_id, lease, outcome.delay, outcome.error,
-                                             progress_json)
-        elif outcome.kind == "snooze":
-            sql, args = q["attempt_snooze"], (job_id, lease, outcome.delay, progress_json)
-        elif outcome.kind == "cancel":
-            sql, args = q["attempt_cancel"], (job_id, lease, outcome.error,
-                                              self._failed_retention, progress_json)
-        elif outcome.kind == "fail":
-            sql, args = q["attempt_fail"], (job_id, lease, outcome.error,
-                                            self._failed_retention, progress_json, self._shard,
-                                            outcome.terminal)
-        else:
-            raise ValueError(f"outcome {outcome.kind!r} is not written by Completer.write")
+                    progress_json: str | None = None,
+                    followups: Sequence[PreparedJob] = ()) -> bool:
+        """Write one outcome (with its follow-ups, atomically); False if the lease was stale.
+
+        Transient failures (deadlock, lost connection) retry the whole transaction
+        with the same follow-ups; a replay of a commit whose acknowledgement was
+        lost finds no running row and inserts nothing.
+        """
+        sql, args = self._statement(job_id, lease, outcome, progress_json)
         for delay in (*RETRY_DELAYS, None):
             try:
                 with translated():
-                    row = await self._pool.fetchrow(sql, *args)
-                return row is not None
-            except Exception:
-                if delay is None:
+                    if not followups:
+                        return await self._pool.fetchrow(sql, *args) is not None
+                    async with self._pool.acquire() as conn, conn.transaction():
+                        if await conn.fetchrow(sql, *args) is None:
+                            return False
+                        await insert_followups(conn, self._q, followups, trigger_id=job_id)
+                        return True
+            except Exception as exc:
+                if delay is None or not _transient(exc):
+                    # The job stays running; heartbeats stop and rescue re-runs it.
                     log.exception("giving up writing outcome of job %d", job_id)
                     return False
                 log.warning("outcome write failed; retrying in %.2fs", delay, exc_info=True)
                 await asyncio.sleep(delay)
         return False
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth retrying the same transaction: lost connections, deadlocks, serialization."""
+    causes = [exc, exc.__cause__]
+    return any(isinstance(c, asyncpg.DeadlockDetectedError | asyncpg.SerializationError
+                          | asyncpg.PostgresConnectionError | asyncpg.InterfaceError
+                          | ConnectionError | OSError | TimeoutError)
+               or (isinstance(c, asyncpg.PostgresError)
+                   and getattr(c, "sqlstate", "").startswith(("08", "57P")))
+               for c in causes if c is not None)

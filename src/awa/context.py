@@ -15,16 +15,18 @@ import math
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import asyncpg
 
-from awa import producer
+from awa import producer, states
 from awa.callbacks import check_timeout
 from awa.db.errors import translated
 from awa.db.queries import Queries
 from awa.errors import AwaError, CallbackNotFound, ValidationError
+from awa.followups import StagingBuffer
 from awa.model import CallbackToken, Job
+from awa.options import InsertOptions
 from awa.states import JobState
 
 
@@ -55,6 +57,8 @@ class JobContext:
         self._progress_dirty = False
         self._callback_id: str | None = None
         self._wake: asyncio.Event | None = None
+        self.staging = StagingBuffer()
+        self.output_json: str | None = None
 
     # -- read-only fields ---------------------------------------------------------
     @property
@@ -142,6 +146,21 @@ class JobContext:
 
     def _seal(self) -> None:
         self._active = False
+        self.staging.sealed = True
+
+    # -- follow-ups and output -----------------------------------------------------
+
+    def enqueue_on_completion(self, args: Any, **opts: Unpack[InsertOptions]) -> None:
+        """Stage a follow-up, inserted only if this attempt's completion commits (ADR-046)."""
+        self.staging.stage(args, dict(opts))
+
+    def set_output(self, value: Any) -> None:
+        """Retain ``value`` (at most 64 KiB of JSON) on the completed job for inspection."""
+        self._require_active("set_output")
+        text = producer.dumps(value, "output")
+        if len(text.encode()) > states.OUTPUT_MAX_BYTES:
+            raise ValidationError("output", f"at most {states.OUTPUT_MAX_BYTES} bytes of JSON")
+        self.output_json = text
 
     def _require_active(self, what: str) -> AttemptDb:
         if not self._active or self._db is None:

@@ -21,13 +21,15 @@ from typing import Any
 
 import asyncpg
 
+from awa import admin
 from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
 from awa.db.queries import Queries
 from awa.dispatcher import Dispatcher
-from awa.executor import JobExecutor, Outcome
+from awa.executor import JobExecutor, Outcome, describe_error
+from awa.followups import FollowUpRegistry, OutcomeContext, Trigger, insert_followups
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
@@ -35,6 +37,9 @@ from awa.model import Job
 from awa.tasks import Registry
 
 log = logging.getLogger("awa.runtime")
+TRIGGER_OF: dict[str, Trigger] = {
+    "completed": "completed", "retry": "retried", "fail": "exhausted", "cancel": "cancelled",
+    "wait": "waiting_for_callback"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +78,12 @@ class Runtime:
     """One worker process's job-running machinery."""
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, registry: Registry,
-                 config: RuntimeConfig, database_url: str) -> None:
+                 config: RuntimeConfig, database_url: str,
+                 followups: FollowUpRegistry | None = None) -> None:
         self.config = config
+        self.followups = followups or FollowUpRegistry()
+        self._pending_events: dict[int, Job] = {}
+        self.staged_discarded_on_wait = 0
         self._pool = pool
         self._q = q
         self._url = database_url
@@ -86,7 +95,8 @@ class Runtime:
         self._executor = JobExecutor(registry, self._threads,
                                      AttemptDb(pool, q, config.poll_interval.total_seconds()))
         self.completer = Completer(pool, q, completed_retention=config.completed_retention,
-                                   failed_retention=config.failed_retention)
+                                   failed_retention=config.failed_retention,
+                                   on_completed=self._completed)
         poll = config.poll_interval.total_seconds()
         self.dispatchers = {qc.name: Dispatcher(qc, pool, q, self.capacity, self._launch, poll)
                             for qc in config.queues}
@@ -112,7 +122,7 @@ class Runtime:
             Heartbeat(pool, q, c.heartbeat_interval, self._live_attempts, self._lost),
             Promoter(pool, q, c.promote_interval, is_leader),
             Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
-                    failed_retention=c.failed_retention),
+                    failed_retention=c.failed_retention, on_rescued=self._rescued),
             Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
                     batch_size=c.cleanup_batch_size),
         ]
@@ -174,11 +184,12 @@ class Runtime:
         outcome: Outcome | None = early
         if ctx is not None:
             self._attempts[job.id] = _Attempt(job.run_lease, ctx, job.queue)
+            self.followups.emit("started", job)
             try:
                 outcome = await self._executor.run(job, ctx)
             except asyncio.CancelledError:
                 # Shutdown abandoned the handler: the job stays running and is
-                # rescued once its heartbeat goes stale.
+                # rescued once its heartbeat goes stale. Staged follow-ups go with it.
                 ctx._cancel()
                 self._attempts.pop(job.id, None)
                 self._release(job.queue)
@@ -193,20 +204,61 @@ class Runtime:
                 del self._attempts[job.id]
 
     async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
-        if outcome.kind == "completed":
-            self.completer.complete(job.id, job.run_lease, outcome.output_json)
-            return
-        progress = ctx._take_progress() if ctx is not None else None
-        if outcome.kind == "wait":
-            if ctx is not None and outcome.token is not None \
-                    and outcome.token == ctx._callback_id:
-                await self.completer.park(job.id, job.run_lease, outcome.token, progress)
-                return
+        """Write the outcome with its follow-ups; fire hooks once it has committed."""
+        staged = ctx.staging.seal() if ctx is not None else []
+        if ctx is not None and outcome.kind == "completed":
+            if ctx.staging.poison is not None:  # a failed stage poisons the attempt
+                outcome = Outcome("fail", error=describe_error(ctx.staging.poison),
+                                  terminal=True)
+            elif outcome.output_json is None and ctx.output_json is not None:
+                outcome = Outcome("completed", output_json=ctx.output_json)
+        if outcome.kind == "wait" and (ctx is None or outcome.token != ctx._callback_id):
             outcome = Outcome("fail", error="WaitForCallback returned without a callback "
                               "registered in this attempt", terminal=True)
-        written = await self.completer.write(job.id, job.run_lease, outcome, progress)
+        if staged and outcome.kind == "wait":
+            self.staged_discarded_on_wait += len(staged)
+            log.warning("job %d (%s) returned WaitForCallback with %d staged follow-ups; "
+                        "they are discarded", job.id, job.kind, len(staged))
+        trigger = TRIGGER_OF.get(outcome.kind)
+        followups = []
+        if trigger is not None and self.followups.has_specs(trigger, job.kind):
+            followups = self.followups.build(trigger, job, OutcomeContext(trigger, outcome.error))
+        if outcome.kind == "completed":
+            followups += staged
+            if not followups:
+                self._pending_events[job.id] = job
+                self.completer.complete(job.id, job.run_lease, outcome.output_json)
+                return
+        progress = ctx._take_progress() if ctx is not None else None
+        written = await self.completer.write(job.id, job.run_lease, outcome, progress,
+                                             followups)
         if not written:
             log.info("outcome of job %d dropped: its run lease is stale", job.id)
+        elif trigger is not None:
+            self.followups.emit(trigger, job, outcome.error)
+
+    def _completed(self, ids: list[int]) -> None:
+        for job_id in ids:
+            job = self._pending_events.pop(job_id, None)
+            if job is not None:
+                self.followups.emit("completed", job)
+
+    async def _rescued(self, rows: list[Any]) -> None:
+        """After a rescue commits: registered ``rescued`` specs (best effort) and hooks."""
+        for row in rows:
+            try:
+                job = await admin.get_job(self._pool, self._q, row["id"])
+            except Exception:
+                continue
+            self.followups.emit("rescued", job, job.errors[-1]["error"] if job.errors else None)
+            if not self.followups.has_specs("rescued", job.kind):
+                continue
+            requests = self.followups.build("rescued", job, OutcomeContext("rescued"))
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    await insert_followups(conn, self._q, requests, trigger_id=job.id)
+            except Exception:
+                log.exception("rescued follow-ups of job %d not inserted", job.id)
 
     def _release(self, queue: str) -> None:
         self.capacity.release(queue)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from awa.errors import ValidationError
+from awa.followups import rebuild_args
 from awa.producer import check_name, derive_kind
 from awa.states import DEFAULT_QUEUE
 
@@ -27,14 +27,7 @@ class TaskSpec:
 
     def build_args(self, data: dict[str, Any]) -> Any:
         """Rebuild the args as the registered type; raises on undecodable args."""
-        t = self.args_type
-        if t is None or t is dict:
-            return data
-        if hasattr(t, "model_validate"):
-            return t.model_validate(data)
-        if dataclasses.is_dataclass(t):
-            return t(**data)
-        return t(**data)
+        return rebuild_args(self.args_type, data)
 
 
 def make_spec(args_type: Any, handler: Handler, *, kind: str | None, queue: str) -> TaskSpec:

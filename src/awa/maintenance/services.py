@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 
@@ -44,9 +45,11 @@ class Rescuer(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, staleness: timedelta,
-                 failed_retention: timedelta) -> None:
+                 failed_retention: timedelta,
+                 on_rescued: Callable[[list[Any]], Awaitable[None]] | None = None) -> None:
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
+        self._on_rescued = on_rescued
         self._staleness = staleness
         self._failed_retention = failed_retention
         self.rescued = 0
@@ -61,6 +64,8 @@ class Rescuer(PeriodicService):
                 self.rescued += len(rows)
                 for r in rows:
                     log.info("rescued job %d (%s) -> %s", r["id"], r["kind"], r["outcome"])
+                if rows and self._on_rescued is not None:
+                    await self._on_rescued(list(rows))
                 if len(rows) < RESCUE_BATCH:
                     break
 

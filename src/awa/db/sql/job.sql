@@ -146,3 +146,4 @@ SELECT (SELECT count(*) FROM awa.jobs) AS active_jobs,
        (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = 'awa.jobs_done'::regclass) AS finished_estimate
+
