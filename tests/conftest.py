@@ -19,6 +19,7 @@ import pytest
 
 import awa
 from awa.db import migrations
+from awa.db.pool import init_connection
 
 _counter = itertools.count()
 
@@ -114,8 +115,9 @@ def sync_client(database_url: str) -> Iterator[awa.Client]:
 
 @pytest.fixture
 async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A raw asyncpg connection to the test's database, for assertions."""
+    """A raw asyncpg connection to the test's database (JSON decoded), for assertions."""
     c = await asyncpg.connect(database_url)
+    await init_connection(c)
     try:
         yield c
     finally:
