@@ -9,9 +9,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+from tests.helpers import FAST, wait_until
 
 import awa
-from tests.helpers import FAST, wait_until
 
 S = awa.JobState
 
