@@ -122,3 +122,9 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture
+def awa_database_url(database_url: str) -> str:
+    """Point the `awa.testing` plugin's ``awa_client`` fixture at the test's database."""
+    return database_url

@@ -183,7 +183,7 @@ async def test_wait_for_callback_return_discards_with_warning(
     job = await client.insert(StageA(1))
     await client.start([("default", 1)], **FAST)
     parked = await _wait(client, job.id, S.WaitingExternal)
-    assert client.runtime is not None and client.runtime.staged_discarded_on_wait == 1
+    assert client.runtime is not None and client.runtime.finalizer.staged_discarded_on_wait == 1
     assert any("staged follow-ups" in r.message and str(job.id) in r.message
                for r in caplog.records)
     assert parked.callback_id is not None
@@ -223,7 +223,7 @@ async def test_deduplication_across_many_triggers_and_workers(
         async def handle(job: awa.JobContext) -> None:
             # Metadata differs per trigger but does not affect the key.
             job.enqueue_on_completion(StageB(job.args.n % 3), unique_opts={},
-                                      metadata={"trigger": job.id})
+                                      queue="unserved", metadata={"trigger": job.id})
     try:
         await clients[0].enqueue_many_copy([StageA(i) for i in range(60)])
         for c in clients:

@@ -28,8 +28,9 @@ from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
 from awa.db.queries import Queries
 from awa.dispatcher import Dispatcher
-from awa.executor import JobExecutor, Outcome, describe_error
-from awa.followups import FollowUpRegistry, OutcomeContext, Trigger, insert_followups
+from awa.executor import JobExecutor, Outcome
+from awa.finalize import Finalizer
+from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
@@ -37,9 +38,7 @@ from awa.model import Job
 from awa.tasks import Registry
 
 log = logging.getLogger("awa.runtime")
-TRIGGER_OF: dict[str, Trigger] = {
-    "completed": "completed", "retry": "retried", "fail": "exhausted", "cancel": "cancelled",
-    "wait": "waiting_for_callback"}
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +82,6 @@ class Runtime:
         self.config = config
         self.followups = followups or FollowUpRegistry()
         self._pending_events: dict[int, Job] = {}
-        self.staged_discarded_on_wait = 0
         self._pool = pool
         self._q = q
         self._url = database_url
@@ -100,6 +98,7 @@ class Runtime:
         poll = config.poll_interval.total_seconds()
         self.dispatchers = {qc.name: Dispatcher(qc, pool, q, self.capacity, self._launch, poll)
                             for qc in config.queues}
+        self.finalizer = Finalizer(self.completer, self.followups)
         self.leader = LeaderElection(pool, q, self.instance_id, config.leader_election_interval)
         self.services: list[PeriodicService] = self._make_services()
         self._attempts: dict[int, _Attempt] = {}
@@ -205,37 +204,14 @@ class Runtime:
 
     async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
         """Write the outcome with its follow-ups; fire hooks once it has committed."""
-        staged = ctx.staging.seal() if ctx is not None else []
-        if ctx is not None and outcome.kind == "completed":
-            if ctx.staging.poison is not None:  # a failed stage poisons the attempt
-                outcome = Outcome("fail", error=describe_error(ctx.staging.poison),
-                                  terminal=True)
-            elif outcome.output_json is None and ctx.output_json is not None:
-                outcome = Outcome("completed", output_json=ctx.output_json)
-        if outcome.kind == "wait" and (ctx is None or outcome.token != ctx._callback_id):
-            outcome = Outcome("fail", error="WaitForCallback returned without a callback "
-                              "registered in this attempt", terminal=True)
-        if staged and outcome.kind == "wait":
-            self.staged_discarded_on_wait += len(staged)
-            log.warning("job %d (%s) returned WaitForCallback with %d staged follow-ups; "
-                        "they are discarded", job.id, job.kind, len(staged))
-        trigger = TRIGGER_OF.get(outcome.kind)
-        followups = []
-        if trigger is not None and self.followups.has_specs(trigger, job.kind):
-            followups = self.followups.build(trigger, job, OutcomeContext(trigger, outcome.error))
-        if outcome.kind == "completed":
-            followups += staged
-            if not followups:
+        done = await self.finalizer.finalize(job, ctx, outcome, allow_batch=True)
+        if done.batched:
+            if self.followups.has_hooks:
                 self._pending_events[job.id] = job
-                self.completer.complete(job.id, job.run_lease, outcome.output_json)
-                return
-        progress = ctx._take_progress() if ctx is not None else None
-        written = await self.completer.write(job.id, job.run_lease, outcome, progress,
-                                             followups)
-        if not written:
+        elif not done.written:
             log.info("outcome of job %d dropped: its run lease is stale", job.id)
-        elif trigger is not None:
-            self.followups.emit(trigger, job, outcome.error)
+        elif done.trigger is not None:
+            self.followups.emit(done.trigger, job, done.outcome.error)
 
     def _completed(self, ids: list[int]) -> None:
         for job_id in ids:

@@ -137,3 +137,16 @@ SET state = 'scheduled', run_at = now() + make_interval(secs => $3::float8),
     heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
 WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
 RETURNING j.id
+
+-- name: attempt_claim_one_kind
+-- The testing harness: claim the next available job of one kind in one queue.
+WITH picked AS (
+    SELECT id FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND kind = $2
+    ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+UPDATE awa.jobs j
+SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+    attempted_at = now(), heartbeat_at = now()
+FROM picked WHERE j.id = picked.id
+RETURNING j.*

@@ -58,3 +58,14 @@ ORDER BY n.queue
 SELECT queue, count(*) AS n FROM awa.jobs
 WHERE state = 'available' AND queue = ANY($1::text[])
 GROUP BY queue
+
+-- name: queue_unpause_all
+DELETE FROM awa.queues
+
+-- name: queue_available_kinds
+SELECT DISTINCT kind FROM awa.jobs WHERE state = 'available' AND queue = $1
+
+-- name: queue_make_due
+-- The testing harness's drain(include_scheduled=True): run waiting jobs now.
+UPDATE awa.jobs SET state = 'available', run_at = now()
+WHERE queue = $1 AND state IN ('scheduled', 'retryable')

@@ -1,0 +1,84 @@
+"""Finalize: apply the completion rules to an attempt's outcome, then write it.
+
+Shared by the runtime and the testing harness, so both follow the same rules:
+a failed stage poisons a normal return (ADR-046), a retained output rides on
+the completion, a `WaitForCallback` needs this attempt's callback, staged
+follow-ups ride only on the handler's own completion (discarded, with a
+warning, on a `WaitForCallback` return), registered specs for the outcome's
+trigger run first. A completion with no follow-ups may take the batched path.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from awa.completion import Completer
+from awa.context import JobContext
+from awa.executor import Outcome, describe_error
+from awa.followups import FollowUpRegistry, OutcomeContext, Trigger
+from awa.model import Job
+from awa.producer import PreparedJob
+
+log = logging.getLogger("awa.runtime")
+
+TRIGGER_OF: dict[str, Trigger] = {
+    "completed": "completed", "retry": "retried", "fail": "exhausted", "cancel": "cancelled",
+    "wait": "waiting_for_callback"}
+
+
+@dataclass(frozen=True, slots=True)
+class Finalized:
+    """What finalizing did."""
+
+    outcome: Outcome  #: the outcome actually written (after poisoning and checks)
+    written: bool  #: committed (False: stale lease, or not yet for a batched completion)
+    batched: bool  #: handed to the batched completer
+    trigger: Trigger | None
+
+
+class Finalizer:
+    """Turns a handler's outcome into the write the rules call for."""
+
+    def __init__(self, completer: Completer, followups: FollowUpRegistry) -> None:
+        self.completer = completer
+        self.followups = followups
+        self.staged_discarded_on_wait = 0
+
+    def resolve(self, job: Job, ctx: JobContext | None,
+                outcome: Outcome) -> tuple[Outcome, list[PreparedJob]]:
+        """The outcome to write and the follow-ups to insert with it."""
+        staged = ctx.staging.seal() if ctx is not None else []
+        if ctx is not None and outcome.kind == "completed":
+            if ctx.staging.poison is not None:  # a failed stage poisons the attempt
+                outcome = Outcome("fail", error=describe_error(ctx.staging.poison),
+                                  terminal=True)
+            elif outcome.output_json is None and ctx.output_json is not None:
+                outcome = Outcome("completed", output_json=ctx.output_json)
+        if outcome.kind == "wait" and (ctx is None or outcome.token != ctx._callback_id):
+            outcome = Outcome("fail", error="WaitForCallback returned without a callback "
+                              "registered in this attempt", terminal=True)
+        if staged and outcome.kind == "wait":
+            self.staged_discarded_on_wait += len(staged)
+            log.warning("job %d (%s) returned WaitForCallback with %d staged follow-ups; "
+                        "they are discarded", job.id, job.kind, len(staged))
+        trigger = TRIGGER_OF.get(outcome.kind)
+        followups: list[PreparedJob] = []
+        if trigger is not None and self.followups.has_specs(trigger, job.kind):
+            followups = self.followups.build(trigger, job, OutcomeContext(trigger, outcome.error))
+        if outcome.kind == "completed":
+            followups += staged
+        return outcome, followups
+
+    async def finalize(self, job: Job, ctx: JobContext | None, outcome: Outcome, *,
+                       allow_batch: bool) -> Finalized:
+        """Apply the rules and write the result under the attempt's run lease."""
+        outcome, followups = self.resolve(job, ctx, outcome)
+        trigger = TRIGGER_OF.get(outcome.kind)
+        if outcome.kind == "completed" and not followups and allow_batch:
+            self.completer.complete(job.id, job.run_lease, outcome.output_json)
+            return Finalized(outcome, written=False, batched=True, trigger=trigger)
+        progress = ctx._take_progress() if ctx is not None else None
+        written = await self.completer.write(job.id, job.run_lease, outcome, progress,
+                                             followups)
+        return Finalized(outcome, written=written, batched=False, trigger=trigger)

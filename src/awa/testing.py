@@ -1,0 +1,229 @@
+"""Test your handlers without running a fleet (spec §3.7, ADR-046).
+
+- `AwaTestClient(client)`: ``insert``, ``migrate``, ``clean``, ``work_one``
+  (claim one job, run a handler, and apply exactly the runtime's completion
+  rules, staged follow-ups and poisoning included) and ``drain`` (run the
+  client's registered handlers until the queue is empty).
+- `HandlerJob`: a stand-in ``job`` for unit tests with no database; its
+  ``enqueue_on_completion`` validates and enforces the limits like the real
+  one and records requests in ``job.staged``.
+- The ``awa_client`` pytest fixture (this module is a pytest plugin):
+  ``$AWA_TEST_DATABASE_URL``, else ``$DATABASE_URL``, else the embedded server;
+  override the ``awa_database_url`` fixture to point it elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Unpack
+
+from awa import states
+from awa.client import AsyncClient
+from awa.completion import Completer
+from awa.context import AttemptDb
+from awa.executor import JobExecutor, Outcome
+from awa.finalize import Finalizer
+from awa.followups import StagingBuffer
+from awa.model import CallbackToken, Job
+from awa.options import InsertOptions
+from awa.producer import PreparedJob
+from awa.tasks import Handler, Registry, make_spec
+
+OUTCOME_NAMES = {"completed": "completed", "retry": "retryable", "fail": "failed",
+                 "cancel": "cancelled", "snooze": "snoozed", "wait": "waiting_external"}
+
+
+class _NoJob:
+    """No job was available."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "NoJob"
+
+
+NoJob = _NoJob()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkResult:
+    """What `AwaTestClient.work_one` did."""
+
+    job: Job | _NoJob
+    outcome: str
+    error: str | None = None
+
+    def is_completed(self) -> bool:
+        return self.outcome == "completed"
+
+    def is_retryable(self) -> bool:
+        return self.outcome == "retryable"
+
+    def is_failed(self) -> bool:
+        return self.outcome == "failed"
+
+    def is_cancelled(self) -> bool:
+        return self.outcome == "cancelled"
+
+    def is_snoozed(self) -> bool:
+        return self.outcome == "snoozed"
+
+    def is_waiting(self) -> bool:
+        return self.outcome == "waiting_external"
+
+    def is_no_job(self) -> bool:
+        return self.outcome == "no_job"
+
+
+class AwaTestClient:
+    """Drive handlers one job at a time against a real database."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        if not isinstance(client, AsyncClient):
+            raise TypeError("AwaTestClient needs an awa.AsyncClient")
+        self.client = client
+        self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="awa-test")
+
+    async def migrate(self) -> None:
+        await self.client.migrate()
+
+    async def clean(self) -> None:
+        """Delete every job, claim and pause switch in this client's schema."""
+        pool = await self.client.pool()
+        await pool.execute(self.client._q["storage_reset"])
+        await pool.execute(self.client._q["queue_unpause_all"])
+
+    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
+        return await self.client.insert(args, **opts)
+
+    async def work_one(self, args_type: Any, handler: Handler, *, kind: str | None = None,
+                       queue: str = states.DEFAULT_QUEUE) -> WorkResult:
+        """Claim the next job of this kind in ``queue``, run ``handler``, record the outcome."""
+        spec = make_spec(args_type, handler, kind=kind, queue=queue)
+        registry = Registry()
+        registry.add(spec)
+        return await self._work(registry, queue, spec.kind)
+
+    async def drain(self, queue: str = states.DEFAULT_QUEUE, *, include_scheduled: bool = False,
+                    max_jobs: int = 10_000) -> list[WorkResult]:
+        """Run the client's registered handlers on ``queue`` until nothing is available.
+
+        Follow-ups inserted into the queue are drained too; with
+        ``include_scheduled``, scheduled and retryable jobs are made due first.
+        """
+        results: list[WorkResult] = []
+        pool = await self.client.pool()
+        q = self.client._q
+        while len(results) < max_jobs:
+            if include_scheduled:
+                await pool.execute(q["queue_make_due"], queue)
+            kinds = [r["kind"] for r in await pool.fetch(q["queue_available_kinds"], queue)]
+            runnable = [k for k in kinds if self.client._registry.get(k) is not None]
+            if not runnable:
+                return results
+            for kind in runnable:
+                result = await self._work(self.client._registry, queue, kind)
+                if not result.is_no_job():
+                    results.append(result)
+        return results
+
+    async def _work(self, registry: Registry, queue: str, kind: str) -> WorkResult:
+        pool = await self.client.pool()
+        q = self.client._q
+        row = await pool.fetchrow(q["attempt_claim_one_kind"], queue, kind)
+        if row is None:
+            return WorkResult(NoJob, "no_job")
+        job = Job.from_row(row)
+        executor = JobExecutor(registry, self._threads, AttemptDb(pool, q, 0.05))
+        ctx, early = executor.prepare(job)
+        outcome: Outcome | None = early
+        if ctx is not None:
+            outcome = await executor.run(job, ctx)
+        assert outcome is not None
+        completer = Completer(pool, q, completed_retention=states.COMPLETED_RETENTION,
+                              failed_retention=states.FAILED_RETENTION)
+        done = await Finalizer(completer, self.client._followups).finalize(
+            job, ctx, outcome, allow_batch=False)
+        if done.written and done.trigger is not None:
+            self.client._followups.emit(done.trigger, job, done.outcome.error)
+        after = await self.client.get_job(job.id)
+        return WorkResult(after, OUTCOME_NAMES[done.outcome.kind], done.outcome.error)
+
+
+@dataclass
+class HandlerJob:
+    """A stand-in for the handler's ``job`` in unit tests (no database)."""
+
+    args: Any
+    id: int = 1
+    attempt: int = 1
+    max_attempts: int = states.MAX_ATTEMPTS_DEFAULT
+    queue: str = states.DEFAULT_QUEUE
+    priority: int = states.PRIORITY_DEFAULT
+    deadline: datetime | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    progress: dict[str, Any] | None = None
+    cancelled: bool = False
+    _buffer: StagingBuffer = field(default_factory=StagingBuffer, repr=False)
+
+    @property
+    def staged(self) -> list[PreparedJob]:
+        """The follow-ups staged so far, validated, in staging order."""
+        return list(self._buffer.requests)
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def enqueue_on_completion(self, args: Any, **opts: Unpack[InsertOptions]) -> None:
+        """Validate and record a follow-up exactly as the runtime would stage it."""
+        self._buffer.stage(args, dict(opts))
+
+    def seal(self) -> None:
+        """Mark the handler as returned: later stages raise `StagingError`."""
+        self._buffer.sealed = True
+
+    def set_progress(self, percent: float, message: str | None = None) -> None:
+        meta = (self.progress or {}).get("metadata") or {}
+        self.progress = {"percent": min(100.0, max(0.0, float(percent))), "message": message,
+                         "metadata": meta}
+
+    def update_metadata(self, values: dict[str, Any]) -> None:
+        current = self.progress or {"percent": 0.0, "message": None, "metadata": {}}
+        self.progress = {**current, "metadata": {**current["metadata"], **values}}
+
+    async def flush_progress(self) -> None:
+        return None
+
+    async def register_callback(self, timeout_seconds: float = 3600) -> CallbackToken:
+        return CallbackToken.new()
+
+
+# -- pytest plugin -------------------------------------------------------------------
+
+try:
+    import pytest
+    import pytest_asyncio
+except ImportError:  # pragma: no cover - the plugin needs pytest and pytest-asyncio
+    pass
+else:
+    @pytest.fixture
+    def awa_database_url() -> str | None:
+        """The database `awa_client` uses (override this fixture to choose another)."""
+        return os.environ.get("AWA_TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+
+    @pytest_asyncio.fixture
+    async def awa_client(awa_database_url: str | None) -> AsyncIterator[AwaTestClient]:
+        """A migrated, cleaned `AwaTestClient`."""
+        async with AsyncClient(awa_database_url) as client:
+            test_client = AwaTestClient(client)
+            await test_client.migrate()
+            await test_client.clean()
+            yield test_client
+            await asyncio.sleep(0)
