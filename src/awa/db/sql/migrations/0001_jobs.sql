@@ -295,6 +295,7 @@ CREATE TABLE awa.leader (
 -- The one mapping from an active row to a finished one. Every statement that
 -- finishes jobs deletes them from awa.jobs (RETURNING the whole row) and
 -- inserts awa.finished(...) into awa.jobs_done, so the move is written once.
+-- A set-returning SQL function, so the planner inlines it (no call per row).
 CREATE FUNCTION awa.finished(
     j awa.jobs,
     p_state awa.job_state,
@@ -304,8 +305,8 @@ CREATE FUNCTION awa.finished(
     p_clear_progress boolean DEFAULT false,
     p_output jsonb DEFAULT NULL,
     p_metadata jsonb DEFAULT NULL
-) RETURNS awa.jobs_done
-LANGUAGE sql STABLE AS $$
+) RETURNS SETOF awa.jobs_done
+LANGUAGE sql STABLE ROWS 1 AS $$
     SELECT j.id, j.kind, j.queue, j.args, p_state, j.priority, j.attempt, j.max_attempts,
            j.run_lease, j.run_at, j.created_at, j.attempted_at, j.heartbeat_at, j.deadline_at,
            now(), j.tags, j.metadata || coalesce(p_metadata, '{}'::jsonb),
