@@ -83,15 +83,18 @@ async def test_fail_and_retry_external(client: awa.AsyncClient) -> None:
 
 async def test_unknown_ids_and_bad_timeouts(client: awa.AsyncClient,
                                             conn: asyncpg.Connection) -> None:
-    for bad in (str(uuid.uuid4()), "not-a-uuid", ""):
-        with pytest.raises(awa.CallbackNotFound):
-            await client.complete_external(bad)
-        with pytest.raises(awa.CallbackNotFound):
-            await client.resume_external(bad)
-        with pytest.raises(awa.CallbackNotFound):
-            await client.retry_external(bad)
-        with pytest.raises(awa.CallbackNotFound):
-            await client.heartbeat_callback(bad)
+    unknown = str(uuid.uuid4())
+    with pytest.raises(awa.CallbackNotFound):
+        await client.complete_external(unknown)
+    with pytest.raises(awa.CallbackNotFound):
+        await client.resume_external(unknown)
+    with pytest.raises(awa.CallbackNotFound):
+        await client.retry_external(unknown)
+    with pytest.raises(awa.CallbackNotFound):
+        await client.heartbeat_callback(unknown)
+    for malformed in ("not-a-uuid", ""):
+        with pytest.raises(awa.ValidationError, match="callback_id"):
+            await client.complete_external(malformed)
     job = await client.insert(Order(1))
     cid = uuid.uuid4()
     await conn.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
@@ -383,6 +386,7 @@ async def test_http_callbacks(client: awa.AsyncClient) -> None:
     assert (await _post(open_app, f"/api/callbacks/{c2}/resume", b'{"payload": "go"}'))[0] == 200
     assert (await client.get_job(j2)).state is S.Available  # no live handler: re-dispatched
     assert (await _post(open_app, "/api/nowhere", b"{}"))[0] == 404
+    assert (await _post(open_app, "/api/callbacks/not-a-uuid/complete", b"{}"))[0] == 400
 
 
 async def _post(app: Any, path: str, body: bytes,

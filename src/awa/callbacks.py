@@ -31,11 +31,11 @@ Executor = Conn | asyncpg.Pool
 
 
 def parse_callback_id(callback_id: Any) -> uuid.UUID:
-    """The id as a UUID; anything else cannot name a callback."""
+    """The id as a UUID; anything else is malformed (`ValidationError`)."""
     try:
         return callback_id if isinstance(callback_id, uuid.UUID) else uuid.UUID(str(callback_id))
     except ValueError as exc:
-        raise CallbackNotFound(f"callback {callback_id!r} not found") from exc
+        raise ValidationError("callback_id", "must be a UUID") from exc
 
 
 def check_timeout(timeout_seconds: Any) -> float:
