@@ -17,7 +17,7 @@ from awa import producer, states
 from awa.db.errors import translated
 from awa.db.queries import Queries
 from awa.errors import JobNotFound, ValidationError
-from awa.model import Job, QueueStat
+from awa.model import Job, QueueStat, RetryFailedResult
 from awa.states import JobState
 
 Executor = asyncpg.Connection | asyncpg.Pool
@@ -127,3 +127,47 @@ async def queue_stats(db: Executor, q: Queries) -> list[QueueStat]:
         lag_seconds=r["lag_seconds"], paused=r["paused"],
         total_queued=r["scheduled"] + r["available"] + r["retryable"],
     ) for r in rows]
+
+
+async def retry_failed(db: Executor, q: Queries, *, kind: str | None = None,
+                       queue: str | None = None) -> RetryFailedResult:
+    """Every failed job of one kind, or one queue, back to available (attempt 0)."""
+    if (kind is None) == (queue is None):
+        raise ValidationError("kind/queue", "specify exactly one of kind or queue")
+    with translated():
+        rows = await db.fetch(q["job_retry_failed_bulk"],
+                              producer.check_name("kind", kind) if kind else None,
+                              producer.check_name("queue", queue) if queue else None)
+    jobs = [Job.from_row(r) for r in rows]
+    return RetryFailedResult(jobs=jobs, matched=len(jobs))
+
+
+async def discard_failed(db: Executor, q: Queries, kind: str) -> int:
+    """Delete the failed jobs of ``kind``."""
+    producer.check_name("kind", kind)
+    with translated():
+        status = await db.execute(q["job_discard_failed"], kind)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+async def dump_run(db: Executor, q: Queries, job_id: int, attempt: int | None = None) -> str:
+    """One attempt, reconstructed from the job row and the error it recorded."""
+    job = await get_job(db, q, job_id)
+    attempt = job.attempt if attempt is None else producer.check_int("attempt", attempt, 1,
+                                                                     states.MAX_ATTEMPTS_MAX)
+    if attempt < 1 or attempt > max(job.attempt, 1):
+        raise ValidationError("attempt", f"job {job_id} has run {job.attempt} attempt(s)")
+    errors = [e for e in job.errors if e.get("attempt") == attempt]
+    latest = attempt == job.attempt
+    run = {
+        "job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": attempt,
+        "attempts_so_far": job.attempt, "max_attempts": job.max_attempts, "args": job.args,
+        "error": errors[-1]["error"] if errors else None,
+        "failed_at": errors[-1]["at"] if errors else None,
+        "terminal": bool(errors and errors[-1].get("terminal")),
+        "outcome": ("errored" if errors else str(job.state) if latest else "unknown"),
+        "state_now": str(job.state),
+        "attempted_at": job.attempted_at.isoformat() if latest and job.attempted_at else None,
+        "progress": job.progress if latest else None,
+    }
+    return json.dumps(run, indent=2, default=str)

@@ -16,18 +16,19 @@ from typing import Any, Unpack
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa import admin, callbacks, producer, states
+from awa import producer, states
+from awa.client_ops import AdminOps
 from awa.config import RuntimeConfig
+from awa.cron import CronSchedule
 from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.errors import ValidationError
 from awa.followups import FollowUpRegistry, JobEvent
-from awa.model import Job, QueueStat
+from awa.model import Job
 from awa.options import InsertOptions
 from awa.runtime import HealthCheck, Runtime
-from awa.states import JobState
 from awa.tasks import Handler, Registry, make_spec
 from awa.transaction import Transaction, TransactionStart
 
@@ -35,7 +36,7 @@ FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
 
 
-class AsyncClient:
+class AsyncClient(AdminOps):
     """A pool-backed client for one database and schema (default ``awa``).
 
     With no ``database_url``, ``$DATABASE_URL`` is used, else the embedded
@@ -53,6 +54,7 @@ class AsyncClient:
         self.retention_cancelled = states.FAILED_RETENTION
         self._registry = Registry()
         self._followups = FollowUpRegistry()
+        self._schedules: dict[str, CronSchedule] = {}
         self._runtime: Runtime | None = None
 
     @property
@@ -245,6 +247,18 @@ class AsyncClient:
             return fn
         return register
 
+    def periodic(self, name: str, cron_expr: str, args_type: Any, args: Any, *,
+                 timezone: str = "UTC", queue: str = states.DEFAULT_QUEUE,
+                 priority: int = states.PRIORITY_DEFAULT,
+                 max_attempts: int = states.MAX_ATTEMPTS_DEFAULT,
+                 tags: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
+                 missed_fire_policy: str = "coalesce") -> None:
+        """Declare a cron schedule (validated now; upserted when the worker starts)."""
+        self._schedules[name] = CronSchedule.declare(
+            name, cron_expr, args_type, args, timezone=timezone, queue=queue,
+            priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
+            missed_fire_policy=missed_fire_policy)
+
     async def start(self, queues: Iterable[Any] | None = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (spec §3.2 options)."""
         if self._runtime is not None:
@@ -253,6 +267,7 @@ class AsyncClient:
         pool = await self.pool()
         self._runtime = Runtime(pool, self._q, self._registry, config,
                                 await self.database_url(), self._followups)
+        await self._runtime.register(self._schedules)
         await self._runtime.start()
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -277,84 +292,3 @@ class AsyncClient:
             connected = False
         return HealthCheck(healthy=False, postgres_connected=connected, poll_loop_alive=False,
                            heartbeat_alive=False, shutting_down=False, leader=False)
-
-    # -- inspection and admin --------------------------------------------------
-
-    async def get_job(self, job_id: int) -> Job:
-        """The job with this id (active, finished or dead-lettered)."""
-        return await admin.get_job(await self.pool(), self._q, job_id)
-
-    async def list_jobs(self, *, state: JobState | str | None = None, kind: str | None = None,
-                        queue: str | None = None, limit: int = 100) -> list[Job]:
-        """Jobs newest first, optionally filtered."""
-        return await admin.list_jobs(await self.pool(), self._q, state=state, kind=kind,
-                                     queue=queue, limit=limit)
-
-    async def dump_job(self, job_id: int) -> str:
-        """Every field of a job as JSON."""
-        return await admin.dump_job(await self.pool(), self._q, job_id)
-
-    async def cancel(self, job_id: int) -> Job | None:
-        """Cancel an unfinished job; None if it had already finished."""
-        return await admin.cancel(await self.pool(), self._q, job_id,
-                                  retention=self.retention_cancelled)
-
-    async def cancel_by_unique_key(self, kind: str, *, queue: str | None = None,
-                                   args: Any = None,
-                                   period_bucket: int | None = None) -> Job | None:
-        """Cancel the unfinished job holding this unique key, if any."""
-        return await admin.cancel_by_unique_key(
-            await self.pool(), self._q, kind, queue=queue, args=args,
-            period_bucket=period_bucket, retention=self.retention_cancelled)
-
-    async def retry(self, job_id: int) -> Job:
-        """Send a failed, cancelled or waiting job back to available (attempt 0)."""
-        return await admin.retry(await self.pool(), self._q, job_id)
-
-    async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
-        """Stop workers claiming from ``queue``."""
-        await admin.pause_queue(await self.pool(), self._q, queue, paused_by)
-
-    async def resume_queue(self, queue: str) -> None:
-        """Let workers claim from ``queue`` again."""
-        await admin.resume_queue(await self.pool(), self._q, queue)
-
-    async def drain_queue(self, queue: str) -> int:
-        """Cancel all jobs of ``queue`` that are waiting to run."""
-        return await admin.drain_queue(await self.pool(), self._q, queue,
-                                       retention=self.retention_cancelled)
-
-    # -- external callbacks -------------------------------------------------------------
-
-    async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
-        """Complete the job waiting on ``callback_id``."""
-        return await callbacks.complete_external(await self.pool(), self._q, callback_id,
-                                                 payload, followups=self._followups)
-
-    async def fail_external(self, callback_id: str, error: str) -> Job:
-        """Fail the job waiting on ``callback_id``."""
-        return await callbacks.fail_external(await self.pool(), self._q, callback_id, error,
-                                             retention=self.retention_cancelled,
-                                             followups=self._followups)
-
-    async def retry_external(self, callback_id: str) -> Job:
-        """Send the job waiting on ``callback_id`` back to available."""
-        return await callbacks.retry_external(await self.pool(), self._q, callback_id,
-                                              followups=self._followups)
-
-    async def resume_external(self, callback_id: str, payload: Any = None) -> Job:
-        """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
-        return await callbacks.resume_external(await self.pool(), self._q, callback_id,
-                                               payload)
-
-    async def heartbeat_callback(self, callback_id: str,
-                                 timeout_seconds: float = 3600.0) -> Job:
-        """Push a waiting callback's timeout to ``timeout_seconds`` from now."""
-        return await callbacks.heartbeat_callback(await self.pool(), self._q, callback_id,
-                                                  timeout_seconds)
-
-    async def queue_stats(self) -> list[QueueStat]:
-        """Per-queue counts, lag and pause state."""
-        return await admin.queue_stats(await self.pool(), self._q)
-
-

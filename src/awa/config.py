@@ -141,11 +141,17 @@ class RuntimeConfig:
     failed_retention: timedelta = states.FAILED_RETENTION
     cleanup_batch_size: int = 1000
     dlq_enabled_by_default: bool = False
+    dlq_retention: timedelta = states.DLQ_RETENTION
+    cron_interval: timedelta = timedelta(seconds=1)
     listen: bool = True  #: use LISTEN/NOTIFY for wake-ups (polling always runs too)
 
     @property
     def weighted(self) -> bool:
         return self.global_max_workers is not None
+
+    def dlq_enabled(self, queue: QueueConfig) -> bool:
+        """Whether failures on ``queue`` go to the dead letter queue."""
+        return self.dlq_enabled_by_default if queue.dlq_enabled is None else queue.dlq_enabled
 
     def queue(self, name: str) -> QueueConfig:
         for q in self.queues:
@@ -171,6 +177,8 @@ class RuntimeConfig:
             elif key in _HOUR_FIELDS:
                 values[_HOUR_FIELDS[key]] = _ms(key, float(kwargs.pop(key)) * 3_600_000,
                                                 allow_zero=True)
+            elif key == "dlq_retention_days":
+                values["dlq_retention"] = _ms(key, float(kwargs.pop(key)) * 86_400_000)
         if "cleanup_batch_size" in kwargs:
             values["cleanup_batch_size"] = _positive_int("cleanup_batch_size",
                                                          kwargs.pop("cleanup_batch_size"))
@@ -213,6 +221,7 @@ _MS_FIELDS = {
     "promote_interval_ms": "promote_interval",
     "leader_election_interval_ms": "leader_election_interval",
     "cleanup_interval_ms": "cleanup_interval",
+    "cron_interval_ms": "cron_interval",
 }
 _HOUR_FIELDS = {
     "completed_retention_hours": "completed_retention",

@@ -99,10 +99,11 @@ class QueueStat:
 
 @dataclass(frozen=True, slots=True)
 class RetryFailedResult:
-    """What a bulk `retry_failed` did."""
+    """What a bulk `retry_failed` did: the re-queued jobs and how many matched."""
 
-    retried: int
-    job_ids: list[int] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
+    matched: int = 0
+    pruned_failed_count: int | None = None
 
 
 # -- handler outcomes (spec §3.5) ----------------------------------------------

@@ -26,6 +26,8 @@ from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
+from awa.cron import CronSchedule, CronService
+from awa.db.errors import translated
 from awa.db.queries import Queries
 from awa.dispatcher import Dispatcher
 from awa.executor import JobExecutor, Outcome
@@ -123,12 +125,22 @@ class Runtime:
             Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
                     failed_retention=c.failed_retention, on_rescued=self._rescued),
             Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
-                    batch_size=c.cleanup_batch_size),
+                    batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
+            CronService(pool, q, c.cron_interval, is_leader),
         ]
 
     def service(self, name: str) -> PeriodicService:
         """The service called ``name`` (tests drive them with ``run_once``)."""
         return next(s for s in self.services if s.name == name)
+
+    async def register(self, schedules: dict[str, CronSchedule]) -> None:
+        """Record this worker's queue settings and declared schedules in the database."""
+        queues = list(self.config.queues)
+        with translated():
+            await self._pool.execute(self._q["queue_set_dlq"], [qc.name for qc in queues],
+                                     [self.config.dlq_enabled(qc) for qc in queues])
+            for schedule in schedules.values():
+                await self._pool.execute(self._q["cron_upsert"], *schedule.upsert_params())
 
     # -- lifecycle --------------------------------------------------------------------
 

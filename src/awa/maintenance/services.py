@@ -76,9 +76,11 @@ class Cleaner(PeriodicService):
     name = "cleanup"
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
-                 is_leader: Callable[[], bool], *, horizon: timedelta, batch_size: int) -> None:
+                 is_leader: Callable[[], bool], *, horizon: timedelta, batch_size: int,
+                 dlq_retention: timedelta) -> None:
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
+        self._dlq_retention = dlq_retention
         self._horizon = horizon
         self._batch = batch_size
         self.pruned = 0
@@ -96,6 +98,12 @@ class Cleaner(PeriodicService):
                 if n < self._batch:
                     break
             await conn.execute(q["throughput_prune"])
+            while True:
+                status = await conn.execute(q["dlq_prune"], self._dlq_retention, self._batch)
+                n = int(status.rsplit(" ", 1)[-1])
+                self.pruned += n
+                if n < self._batch:
+                    break
 
 
 class Heartbeat(PeriodicService):

@@ -10,24 +10,28 @@
 WITH open AS (
     SELECT NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
 ), c1 AS (
-    SELECT id, priority, run_at FROM awa.jobs
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c2 AS (
-    SELECT id, priority, run_at FROM awa.jobs
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 2 AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c3 AS (
-    SELECT id, priority, run_at FROM awa.jobs
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 3 AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c4 AS (
-    SELECT id, priority, run_at FROM awa.jobs
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 4 AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM (SELECT * FROM c1 UNION ALL SELECT * FROM c2
                     UNION ALL SELECT * FROM c3 UNION ALL SELECT * FROM c4) c
+    -- A job with an ordering key waits for every earlier unfinished job with that key.
+    WHERE c.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM awa.jobs r
+        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
     ORDER BY CASE WHEN $4::float8 > 0
                   THEN greatest(1, priority - floor(extract(epoch FROM now() - run_at) / $4))
                   ELSE priority END,
@@ -86,23 +90,35 @@ SELECT id FROM done
 -- name: attempt_fail
 -- Failure ($3 = error text, $5 = progress to keep or NULL, $7 = marks the
 -- entry terminal: a TerminalError, as opposed to attempts running out).
+-- On a DLQ-enabled queue the job goes to the dead letter queue instead.
 WITH moved AS (
     DELETE FROM awa.jobs j
     WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
-    RETURNING j
+    RETURNING j, awa.dlq_enabled(j.queue) AS to_dlq
 ), done AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM moved m,
         LATERAL awa.finished(m.j, 'failed', $4::interval,
                              awa.error_entry($3, (m.j).attempt, $7), $5::jsonb) f
+    WHERE NOT m.to_dlq
+    RETURNING id, queue
+), dead AS (
+    INSERT INTO awa.dlq
+    SELECT f.*, CASE WHEN $7 THEN 'terminal_error' ELSE 'max_attempts_exhausted' END, now(),
+           f.run_lease
+    FROM moved m,
+        LATERAL awa.finished(m.j, 'failed', $4::interval,
+                             awa.error_entry($3, (m.j).attempt, $7), $5::jsonb) f
+    WHERE m.to_dlq
     RETURNING id, queue
 ), counted AS (
     INSERT INTO awa.queue_throughput (queue, minute, shard, failed)
-    SELECT queue, date_trunc('minute', now()), $6, count(*) FROM done GROUP BY queue
+    SELECT queue, date_trunc('minute', now()), $6, count(*)
+    FROM (SELECT queue FROM done UNION ALL SELECT queue FROM dead) f GROUP BY queue
     ON CONFLICT (queue, minute, shard)
     DO UPDATE SET failed = awa.queue_throughput.failed + EXCLUDED.failed
 )
-SELECT id FROM done
+SELECT id FROM done UNION ALL SELECT id FROM dead
 
 -- name: attempt_cancel
 WITH moved AS (

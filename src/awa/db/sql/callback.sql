@@ -51,15 +51,33 @@ SELECT done.*, pg_notify('awa_callback', done.id::text) AS notified FROM done
 WITH moved AS (
     DELETE FROM awa.jobs j
     WHERE j.callback_id = $1 AND j.state IN ('waiting_external', 'running')
-    RETURNING j
+    RETURNING j, awa.dlq_enabled(j.queue) AS to_dlq
 ), done AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM moved m,
         LATERAL awa.finished(m.j, 'failed', $3::interval,
                              awa.error_entry($2, (m.j).attempt, true)) f
+    WHERE NOT m.to_dlq
     RETURNING *
+), dead AS (
+    INSERT INTO awa.dlq
+    SELECT f.*, 'terminal_error', now(), f.run_lease FROM moved m,
+        LATERAL awa.finished(m.j, 'failed', $3::interval,
+                             awa.error_entry($2, (m.j).attempt, true)) f
+    WHERE m.to_dlq
+    RETURNING *
+), both_ AS (
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
+           created_at, attempted_at, heartbeat_at, deadline_at, finalized_at, tags, metadata,
+           errors, progress, output, unique_key, unique_states, ordering_key, callback_id,
+           callback_timeout_at FROM done
+    UNION ALL
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease, run_at,
+           created_at, attempted_at, heartbeat_at, deadline_at, finalized_at, tags, metadata,
+           errors, progress, output, unique_key, unique_states, ordering_key, callback_id,
+           callback_timeout_at FROM dead
 )
-SELECT done.*, pg_notify('awa_callback', done.id::text) AS notified FROM done
+SELECT both_.*, pg_notify('awa_callback', both_.id::text) AS notified FROM both_
 
 -- name: callback_retry
 UPDATE awa.jobs
@@ -101,12 +119,20 @@ WITH expired AS (
 ), failing AS (
     DELETE FROM awa.jobs j USING expired e
     WHERE j.id = e.id AND j.attempt >= j.max_attempts
-    RETURNING j
+    RETURNING j, awa.dlq_enabled(j.queue) AS to_dlq
 ), failed AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $2::interval,
                              awa.error_entry('callback timed out', (m.j).attempt, true)) f
+    WHERE NOT m.to_dlq
+    RETURNING id, queue, kind, 'failed'::text AS outcome
+), dead AS (
+    INSERT INTO awa.dlq
+    SELECT f.*, 'callback_timeout', now(), f.run_lease FROM failing m,
+        LATERAL awa.finished(m.j, 'failed', $2::interval,
+                             awa.error_entry('callback timed out', (m.j).attempt, true)) f
+    WHERE m.to_dlq
     RETURNING id, queue, kind, 'failed'::text AS outcome
 ), retried AS (
     UPDATE awa.jobs j
@@ -119,7 +145,7 @@ WITH expired AS (
     RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
 )
 SELECT r.*, pg_notify('awa_callback', r.id::text), pg_notify('awa_cancel', r.id::text)
-FROM (SELECT * FROM failed UNION ALL SELECT * FROM retried) r
+FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r
 
 -- name: attempt_progress
 UPDATE awa.jobs SET progress = $3

@@ -147,3 +147,23 @@ SELECT (SELECT count(*) FROM awa.jobs) AS active_jobs,
         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = 'awa.jobs_done'::regclass) AS finished_estimate
 
+
+-- name: job_retry_failed_bulk
+-- Admin retry_failed: every failed job of a kind or queue back to available.
+WITH moved AS (
+    DELETE FROM awa.jobs_done d
+    WHERE d.state = 'failed' AND ($1::text IS NULL OR d.kind = $1)
+      AND ($2::text IS NULL OR d.queue = $2)
+    RETURNING d.*
+)
+INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+                      run_at, created_at, tags, metadata, errors, progress, unique_key,
+                      unique_states, ordering_key)
+SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
+       now(), created_at, tags, metadata, errors, progress, unique_key,
+       unique_states, ordering_key
+FROM moved ORDER BY id
+RETURNING *
+
+-- name: job_discard_failed
+DELETE FROM awa.jobs_done WHERE state = 'failed' AND kind = $1

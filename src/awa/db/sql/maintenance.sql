@@ -39,12 +39,20 @@ WITH stale AS (
 ), failing AS (
     DELETE FROM awa.jobs j USING stale s
     WHERE j.id = s.id AND j.attempt >= j.max_attempts
-    RETURNING j, s.reason
+    RETURNING j, s.reason, awa.dlq_enabled(j.queue) AS to_dlq
 ), failed AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $3::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
+    WHERE NOT m.to_dlq
+    RETURNING id, queue, kind, 'failed'::text AS outcome
+), dead AS (
+    INSERT INTO awa.dlq
+    SELECT f.*, 'max_attempts_exhausted', now(), f.run_lease FROM failing m,
+        LATERAL awa.finished(m.j, 'failed', $3::interval,
+                             awa.error_entry(m.reason, (m.j).attempt, true)) f
+    WHERE m.to_dlq
     RETURNING id, queue, kind, 'failed'::text AS outcome
 ), retried AS (
     UPDATE awa.jobs j
@@ -57,7 +65,7 @@ WITH stale AS (
     RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
 )
 SELECT r.*, pg_notify('awa_cancel', r.id::text)
-FROM (SELECT * FROM failed UNION ALL SELECT * FROM retried) r
+FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r
 
 -- name: done_partitions_ensure
 SELECT awa.ensure_done_partitions($1)
@@ -71,6 +79,10 @@ WITH old AS (
     SELECT ctid FROM awa.jobs_done_default WHERE prune_after < now() LIMIT $1
 )
 DELETE FROM awa.jobs_done_default d USING old WHERE d.ctid = old.ctid
+
+-- name: dlq_prune
+WITH old AS (SELECT id FROM awa.dlq WHERE dlq_at < now() - $1::interval LIMIT $2)
+DELETE FROM awa.dlq d USING old WHERE d.id = old.id
 
 -- name: throughput_prune
 DELETE FROM awa.queue_throughput WHERE minute < now() - interval '7 days'

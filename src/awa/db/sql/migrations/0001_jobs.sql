@@ -96,20 +96,6 @@ CREATE INDEX jobs_done_id_idx ON awa.jobs_done (id);
 CREATE INDEX jobs_done_failed_idx ON awa.jobs_done (queue, kind) WHERE state = 'failed';
 CREATE TABLE awa.jobs_done_default PARTITION OF awa.jobs_done DEFAULT;
 
--- Every job, wherever it lives. Reads go through this view.
-CREATE VIEW awa.jobs_all AS
-    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
-           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
-           tags, metadata, errors, progress, output, unique_key, unique_states,
-           ordering_key, callback_id, callback_timeout_at
-    FROM awa.jobs
-    UNION ALL
-    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
-           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
-           tags, metadata, errors, progress, output, unique_key, unique_states,
-           ordering_key, callback_id, callback_timeout_at
-    FROM awa.jobs_done;
-
 -- Hourly partitions of jobs_done, created ahead by maintenance. SECURITY
 -- DEFINER so a runtime role without DDL rights can keep them rolling.
 CREATE FUNCTION awa.ensure_done_partitions(p_until timestamptz)
@@ -250,10 +236,60 @@ CREATE TRIGGER jobs_notify_insert AFTER INSERT ON awa.jobs
 
 -- Per-queue switches. A queue needs no row until someone pauses it.
 CREATE TABLE awa.queues (
-    queue     text PRIMARY KEY,
-    paused    boolean NOT NULL DEFAULT false,
-    paused_by text,
-    paused_at timestamptz
+    queue       text PRIMARY KEY,
+    paused      boolean NOT NULL DEFAULT false,
+    paused_by   text,
+    paused_at   timestamptz,
+    dlq_enabled boolean NOT NULL DEFAULT false  -- written by workers serving the queue
+);
+
+CREATE FUNCTION awa.dlq_enabled(q text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT dlq_enabled FROM awa.queues WHERE queue = q), false)
+$$;
+
+-- Dead letter queue: terminal failures of DLQ-enabled queues, with their full
+-- row and history (the jobs_done columns), a reason and when they arrived.
+CREATE TABLE awa.dlq (
+    LIKE awa.jobs_done INCLUDING DEFAULTS,
+    reason             text NOT NULL,
+    dlq_at             timestamptz NOT NULL DEFAULT now(),
+    original_run_lease bigint NOT NULL,
+    PRIMARY KEY (id)
+);
+CREATE INDEX dlq_queue_idx ON awa.dlq (queue, id);
+CREATE INDEX dlq_dlq_at_idx ON awa.dlq (dlq_at);
+CREATE TRIGGER dlq_unique_insert AFTER INSERT ON awa.dlq
+    FOR EACH ROW WHEN (NEW.unique_key IS NOT NULL)
+    EXECUTE FUNCTION awa.unique_claim_sync();
+CREATE TRIGGER dlq_unique_delete AFTER DELETE ON awa.dlq
+    FOR EACH ROW WHEN (OLD.unique_key IS NOT NULL)
+    EXECUTE FUNCTION awa.unique_claim_release();
+
+-- Jobs that keep an order: a keyed job runs only after every earlier job
+-- with its key (in its queue) has finished.
+CREATE INDEX jobs_ordering_idx ON awa.jobs (queue, ordering_key, id)
+    WHERE ordering_key IS NOT NULL;
+
+-- Cron schedules, upserted by name from code. last_fire_at is advanced by a
+-- compare-and-set in the transaction that inserts the fired job, so each fire
+-- time produces exactly one job even across leader fail-over.
+CREATE TABLE awa.cron_jobs (
+    name               text PRIMARY KEY,
+    cron_expr          text NOT NULL,
+    timezone           text NOT NULL,
+    kind               text NOT NULL,
+    queue              text NOT NULL,
+    args               jsonb NOT NULL,
+    priority           smallint NOT NULL,
+    max_attempts       smallint NOT NULL,
+    tags               text[] NOT NULL DEFAULT '{}',
+    metadata           jsonb NOT NULL DEFAULT '{}',
+    missed_fire_policy text NOT NULL CHECK (missed_fire_policy IN ('coalesce', 'catch_up')),
+    paused             boolean NOT NULL DEFAULT false,
+    last_fire_at       timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now()
 );
 
 -- Per-queue, per-minute outcome counts, written once per completion batch, so
@@ -316,3 +352,24 @@ LANGUAGE sql STABLE ROWS 1 AS $$
            coalesce(p_output, j.output), j.unique_key, j.unique_states, j.ordering_key,
            j.callback_id, j.callback_timeout_at, now() + p_retention
 $$;
+
+-- Every job, wherever it lives (active, finished, dead-lettered). Reads use this view.
+CREATE VIEW awa.jobs_all AS
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+           tags, metadata, errors, progress, output, unique_key, unique_states,
+           ordering_key, callback_id, callback_timeout_at
+    FROM awa.jobs
+    UNION ALL
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+           tags, metadata, errors, progress, output, unique_key, unique_states,
+           ordering_key, callback_id, callback_timeout_at
+    FROM awa.jobs_done
+    UNION ALL
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+           tags, metadata, errors, progress, output, unique_key, unique_states,
+           ordering_key, callback_id, callback_timeout_at
+    FROM awa.dlq;
+
