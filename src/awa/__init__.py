@@ -9,6 +9,7 @@ from awa import bridge, callback_contract, web
 from awa.client import AsyncClient
 from awa.context import CallbackWaitAborted, JobContext
 from awa.db.migrations import current_migration_version, migrations
+from awa.dlq import DlqEntry
 from awa.errors import (
     AwaError,
     CallbackNotFound,
@@ -34,6 +35,7 @@ from awa.model import (
     Snooze,
     WaitForCallback,
 )
+from awa.partitioned import PartitionedQueue
 from awa.producer import derive_kind
 from awa.runtime import HealthCheck, QueueHealth
 from awa.states import JobState
@@ -58,6 +60,7 @@ __all__ = [
     "Cancel",
     "Client",
     "DatabaseError",
+    "DlqEntry",
     "EnqueueRequest",
     "HealthCheck",
     "Job",
@@ -67,6 +70,7 @@ __all__ = [
     "JobState",
     "OutcomeContext",
     "Output",
+    "PartitionedQueue",
     "QueueHealth",
     "QueueStat",
     "RetryAfter",

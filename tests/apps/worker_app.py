@@ -37,3 +37,13 @@ async def checkpointed(job: awa.JobContext) -> None:
     job.update_metadata({"cursor": 500, "attempt_seen": job.attempt})
     await job.flush_progress()
     await asyncio.sleep(job.args.seconds)
+
+
+@dataclass
+class Tick:
+    pass
+
+
+if os.environ.get("AWA_TEST_CRON"):
+    client.periodic("tick", "* * * * * *", Tick, Tick(), queue="cron_q",
+                    missed_fire_policy="catch_up")

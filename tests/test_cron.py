@@ -1,0 +1,155 @@
+"""Cron: validation, timezones and DST, missed-fire policies, admin, exactly-once firing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import asyncpg
+import pytest
+from tests.helpers import FAST, wait_until
+
+import awa
+from awa.cron import CronService, fire_times
+from awa.db.queries import queries
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Report:
+    name: str = "daily"
+
+
+def test_invalid_declarations_raise_immediately() -> None:
+    client = awa.AsyncClient("postgresql://unused/db")
+    with pytest.raises(awa.ValidationError, match="cron_expr"):
+        client.periodic("a", "not cron", Report, Report())
+    with pytest.raises(awa.ValidationError, match="cron_expr"):
+        client.periodic("a", "61 * * * *", Report, Report())
+    with pytest.raises(awa.ValidationError, match="cron_expr"):
+        client.periodic("a", "* * * *", Report, Report())
+    with pytest.raises(awa.ValidationError, match="timezone"):
+        client.periodic("a", "* * * * *", Report, Report(), timezone="Mars/Olympus")
+    with pytest.raises(awa.ValidationError, match="missed_fire_policy"):
+        client.periodic("a", "* * * * *", Report, Report(), missed_fire_policy="later")
+    with pytest.raises(awa.ValidationError, match="priority"):
+        client.periodic("a", "* * * * *", Report, Report(), priority=7)
+    client.periodic("five", "*/5 * * * *", Report, Report(), timezone="Europe/Paris")
+    client.periodic("six", "*/10 * * * * *", Report, Report())  # seconds first
+
+
+def test_dst_transitions() -> None:
+    ny = ZoneInfo("America/New_York")
+    start = datetime(2026, 3, 6, 12, tzinfo=ny)
+    spring = fire_times("30 2 * * *", ny, start, start + timedelta(days=4))
+    # 2:30 does not exist on 8 March: it fires once that day, at 3:00 EDT.
+    assert [t.isoformat() for t in spring] == [
+        "2026-03-07T02:30:00-05:00", "2026-03-08T03:00:00-04:00",
+        "2026-03-09T02:30:00-04:00", "2026-03-10T02:30:00-04:00"]
+    start = datetime(2026, 10, 30, 12, tzinfo=ny)
+    autumn = fire_times("0 9 * * *", ny, start, start + timedelta(days=4))
+    # 9:00 local every day; clocks went back on 1 November, so UTC moves from 13 to 14.
+    assert [t.astimezone(ny).hour for t in autumn] == [9, 9, 9, 9]
+    assert [t.astimezone(UTC).hour for t in autumn] == [13, 14, 14, 14]
+    assert len({t.date() for t in autumn}) == 4
+
+
+async def _make_schedule(conn: asyncpg.Connection, name: str, policy: str,
+                         seconds_ago: float) -> None:
+    await conn.execute(
+        "INSERT INTO awa.cron_jobs (name, cron_expr, timezone, kind, queue, args, priority, "
+        "max_attempts, missed_fire_policy, last_fire_at) VALUES ($1, '* * * * * *', 'UTC', "
+        "'report', 'cron', '{}', 2, 25, $2, date_trunc('second', now()) - make_interval("
+        "secs => $3))", name, policy, seconds_ago)
+
+
+async def test_catch_up_and_coalesce_after_an_outage(client: awa.AsyncClient,
+                                                     conn: asyncpg.Connection) -> None:
+    # Five one-second intervals passed while no leader ran.
+    await _make_schedule(conn, "catchup", "catch_up", 5.4)
+    await _make_schedule(conn, "coalesce", "coalesce", 5.4)
+    service = CronService(await client.pool(), queries(), timedelta(seconds=1), lambda: True)
+    await service.run_once()
+    rows = await conn.fetch("SELECT metadata->>'cron_name' AS name, metadata->>'cron_fire_at' "
+                            "AS at FROM awa.jobs ORDER BY id")
+    caught = [r["at"] for r in rows if r["name"] == "catchup"]
+    assert len(caught) in (5, 6) and caught == sorted(caught)  # 6 if a second ticked over
+    assert len({*caught}) == len(caught)
+    assert len([r for r in rows if r["name"] == "coalesce"]) == 1
+    await service.run_once()  # nothing new is due within the same second
+    again = await conn.fetchval("SELECT count(*) FROM awa.jobs")
+    assert again <= len(rows) + 2
+
+
+async def test_admin_of_schedules(client: awa.AsyncClient, database_url: str) -> None:
+    other = awa.AsyncClient(database_url)
+    client.periodic("nightly", "0 3 * * *", Report, Report(), timezone="Europe/Oslo",
+                    queue="reports", tags=["cron"])
+    other.periodic("hourly", "0 * * * *", Report, Report("hourly"))
+    try:
+        await client.start([("reports", 1)], **FAST)
+        await other.start([("default", 1)], **FAST)
+        listed = {c["name"]: c for c in await client.list_cron_jobs()}
+        assert set(listed) == {"nightly", "hourly"}  # additive across deployments
+        nightly = listed["nightly"]
+        assert nightly["timezone"] == "Europe/Oslo" and nightly["queue"] == "reports"
+        assert nightly["next_fire_at"].astimezone(ZoneInfo("Europe/Oslo")).hour == 3
+        assert await client.pause_cron_job("nightly")
+        assert {c["name"]: c for c in await client.list_cron_jobs()}["nightly"]["paused"]
+        assert await client.resume_cron_job("nightly")
+        job = await client.trigger_cron_job("nightly")
+        assert job.metadata["cron_name"] == "nightly" and job.queue == "reports"
+        assert job.tags == ["cron"] and job.args == {"name": "daily"}
+        assert await client.delete_cron_job("hourly") is True
+        assert await client.delete_cron_job("hourly") is False
+        with pytest.raises(awa.ValidationError):
+            await client.trigger_cron_job("hourly")
+        assert not await client.pause_cron_job("nope")
+    finally:
+        await other.close()
+
+
+async def test_every_second_with_three_workers_and_a_killed_leader(
+        client: awa.AsyncClient, database_url: str, conn: asyncpg.Connection) -> None:
+    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
+           "AWA_TEST_CRON": "1"}
+    options = [f"--set={k}={v}" for k, v in FAST.items()] + ["--set=cron_interval_ms=200"]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
+         "--queue", "procs=1", *options], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3)]
+    try:
+        async def fired(n: int) -> bool:
+            return bool(await conn.fetchval("SELECT count(*) FROM awa.jobs "
+                                            "WHERE queue = 'cron_q'") >= n)
+        await wait_until(lambda: fired(3), timeout=30, message="first fires")
+        holder = await conn.fetchval("SELECT holder FROM awa.leader")
+        pid = int(holder.split(":")[1])
+        victim = next(p for p in procs if p.pid == pid)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        before = await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE queue = 'cron_q'")
+        await wait_until(lambda: fired(before + 4), timeout=30, message="fires after fail-over")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                await asyncio.to_thread(p.wait, 15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    rows = await conn.fetch("SELECT metadata->>'cron_fire_at' AS at FROM awa.jobs "
+                            "WHERE queue = 'cron_q' ORDER BY 1")
+    times = [datetime.fromisoformat(r["at"]) for r in rows]
+    assert len(times) == len(set(times))  # exactly one job per fire time
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    assert set(gaps) == {1.0}  # catch_up: no fire time was skipped across the fail-over
