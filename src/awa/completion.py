@@ -15,12 +15,13 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
 import asyncpg
 
 from awa.db.errors import translated
+from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.executor import Outcome
 from awa.followups import insert_followups
@@ -50,9 +51,36 @@ class Completer:
         self.completed = 0
         self.stale = 0
         self._on_completed = on_completed
+        self._to_notify: set[str] = set()
+        self._counts: dict[tuple[str, bool], int] = {}
+        self._counts_task: asyncio.Task[None] | None = None
+        self._notify_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._flusher(), name="awa-completer")
+        self._counts_task = asyncio.create_task(self._count_flusher(), name="awa-counts")
+
+    def count(self, queue: str, outcome: str) -> None:
+        """Count a committed outcome for throughput stats (written about once a second)."""
+        key = (queue, outcome == "completed")
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    async def flush_counts(self) -> None:
+        if not self._counts:
+            return
+        counts, self._counts = self._counts, {}
+        queues = sorted({q for q, _ in counts})
+        try:
+            await self._pool.execute(self._q["throughput_add"], queues,
+                                     [counts.get((q, True), 0) for q in queues],
+                                     [counts.get((q, False), 0) for q in queues], self._shard)
+        except Exception:
+            log.warning("could not record throughput counts", exc_info=True)
+
+    async def _count_flusher(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self.flush_counts()
 
     def pending(self) -> dict[int, int]:
         """Attempts whose completion is not yet written: id → run lease."""
@@ -71,9 +99,11 @@ class Completer:
 
     async def stop(self) -> None:
         await self.drain()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._counts_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self.flush_counts()
 
     async def _flusher(self) -> None:
         while True:
@@ -96,9 +126,11 @@ class Completer:
                 with translated():
                     rows = await self._pool.fetch(
                         self._q["attempt_complete_batch"], ids, leases, outputs,
-                        self._completed_retention, self._shard)
+                        self._completed_retention)
                 self.completed += len(rows)
                 self.stale += len(batch) - len(rows)
+                for r in rows:
+                    self.count(r["queue"], "completed")
                 if self._on_completed is not None and rows:
                     self._on_completed([r["id"] for r in rows])
                 return
@@ -116,7 +148,7 @@ class Completer:
         q = self._q
         if outcome.kind == "completed":
             return q["attempt_complete_batch"], ([job_id], [lease], [outcome.output_json],
-                                                 self._completed_retention, self._shard)
+                                                 self._completed_retention)
         if outcome.kind == "retry":
             return q["attempt_retry"], (job_id, lease, outcome.delay, outcome.error,
                                         progress_json)
@@ -127,7 +159,7 @@ class Completer:
                                          progress_json)
         if outcome.kind == "fail":
             return q["attempt_fail"], (job_id, lease, outcome.error, self._failed_retention,
-                                       progress_json, self._shard, outcome.terminal)
+                                       progress_json, outcome.terminal)
         if outcome.kind == "wait" and outcome.token is not None:
             return q["callback_park"], (job_id, lease, uuid.UUID(outcome.token), progress_json)
         raise ValueError(f"cannot write outcome {outcome.kind!r}")
@@ -147,11 +179,12 @@ class Completer:
                 with translated():
                     if not followups:
                         return await self._pool.fetchrow(sql, *args) is not None
-                    async with self._pool.acquire() as conn, conn.transaction():
-                        if await conn.fetchrow(sql, *args) is None:
-                            return False
-                        await insert_followups(conn, self._q, followups, trigger_id=job_id)
-                        return True
+                    async with self._pool.acquire() as conn:
+                        written = await self._write_with_followups(conn, job_id, sql, args,
+                                                                   followups)
+                    if written:
+                        self.notify(r.queue for r in followups)
+                    return written
             except Exception as exc:
                 if delay is None or not _transient(exc):
                     # The job stays running; heartbeats stop and rescue re-runs it.
@@ -160,6 +193,38 @@ class Completer:
                 log.warning("outcome write failed; retrying in %.2fs", delay, exc_info=True)
                 await asyncio.sleep(delay)
         return False
+
+
+    async def _write_with_followups(self, conn: Conn, job_id: int, sql: str,
+                                    args: tuple[object, ...],
+                                    followups: Sequence[PreparedJob]) -> bool:
+        # One round trip opens the transaction with wake-ups deferred to after commit.
+        await conn.execute(self._q["tx_begin_deferred_notify"])
+        try:
+            if await conn.fetchrow(sql, *args) is None:
+                await conn.execute("ROLLBACK")
+                return False
+            await insert_followups(conn, self._q, followups, trigger_id=job_id)
+            await conn.execute("COMMIT")
+            return True
+        except BaseException:
+            if not conn.is_closed() and conn.is_in_transaction():
+                await conn.execute("ROLLBACK")
+            raise
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Wake the workers of ``queues`` soon (coalesced; sent outside any write)."""
+        self._to_notify.update(queues)
+        if self._notify_task is None or self._notify_task.done():
+            self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
+
+    async def _send_notifies(self) -> None:
+        while self._to_notify:
+            queues, self._to_notify = sorted(self._to_notify), set()
+            try:
+                await self._pool.execute(self._q["queue_notify"], queues)
+            except Exception:
+                log.warning("could not notify %s; workers will poll", queues, exc_info=True)
 
 
 def _transient(exc: BaseException) -> bool:

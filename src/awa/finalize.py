@@ -81,4 +81,6 @@ class Finalizer:
         progress = ctx._take_progress() if ctx is not None else None
         written = await self.completer.write(job.id, job.run_lease, outcome, progress,
                                              followups)
+        if written and outcome.kind in ("completed", "fail"):
+            self.completer.count(job.queue, outcome.kind)
         return Finalized(outcome, written=written, batched=False, trigger=trigger)

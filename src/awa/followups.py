@@ -228,11 +228,13 @@ async def insert_followups(conn: Conn, q: Queries, requests: Sequence[PreparedJo
         if req.unique_key is None:
             inserted.append(await _insert(conn, q, req))
             continue
+        await conn.execute("SAVEPOINT awa_follow_up")  # inside the outcome's transaction
         try:
-            async with conn.transaction():  # a savepoint inside the outcome transaction
-                inserted.append(await _insert(conn, q, req))
+            inserted.append(await _insert(conn, q, req))
         except Exception as exc:
             if not isinstance(translate(exc), UniqueConflict):
                 raise
+            await conn.execute("ROLLBACK TO SAVEPOINT awa_follow_up")
             log.debug("follow-up %s of job %d skipped: unique key taken", req.kind, trigger_id)
+        await conn.execute("RELEASE SAVEPOINT awa_follow_up")
     return inserted

@@ -79,16 +79,11 @@ WITH c AS (
     SELECT f.* FROM moved m,
         LATERAL awa.finished(m.j, 'completed', $4::interval, NULL, NULL, true, m.output) f
     RETURNING id, queue
-), counted AS (
-    INSERT INTO awa.queue_throughput (queue, minute, shard, completed)
-    SELECT queue, date_trunc('minute', now()), $5, count(*) FROM done GROUP BY queue
-    ON CONFLICT (queue, minute, shard)
-    DO UPDATE SET completed = awa.queue_throughput.completed + EXCLUDED.completed
 )
-SELECT id FROM done
+SELECT id, queue FROM done
 
 -- name: attempt_fail
--- Failure ($3 = error text, $5 = progress to keep or NULL, $7 = marks the
+-- Failure ($3 = error text, $5 = progress to keep or NULL, $6 = marks the
 -- entry terminal: a TerminalError, as opposed to attempts running out).
 -- On a DLQ-enabled queue the job goes to the dead letter queue instead.
 WITH moved AS (
@@ -99,24 +94,18 @@ WITH moved AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM moved m,
         LATERAL awa.finished(m.j, 'failed', $4::interval,
-                             awa.error_entry($3, (m.j).attempt, $7), $5::jsonb) f
+                             awa.error_entry($3, (m.j).attempt, $6), $5::jsonb) f
     WHERE NOT m.to_dlq
     RETURNING id, queue
 ), dead AS (
     INSERT INTO awa.dlq
-    SELECT f.*, CASE WHEN $7 THEN 'terminal_error' ELSE 'max_attempts_exhausted' END, now(),
+    SELECT f.*, CASE WHEN $6 THEN 'terminal_error' ELSE 'max_attempts_exhausted' END, now(),
            f.run_lease
     FROM moved m,
         LATERAL awa.finished(m.j, 'failed', $4::interval,
-                             awa.error_entry($3, (m.j).attempt, $7), $5::jsonb) f
+                             awa.error_entry($3, (m.j).attempt, $6), $5::jsonb) f
     WHERE m.to_dlq
     RETURNING id, queue
-), counted AS (
-    INSERT INTO awa.queue_throughput (queue, minute, shard, failed)
-    SELECT queue, date_trunc('minute', now()), $6, count(*)
-    FROM (SELECT queue FROM done UNION ALL SELECT queue FROM dead) f GROUP BY queue
-    ON CONFLICT (queue, minute, shard)
-    DO UPDATE SET failed = awa.queue_throughput.failed + EXCLUDED.failed
 )
 SELECT id FROM done UNION ALL SELECT id FROM dead
 

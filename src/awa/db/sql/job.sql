@@ -167,3 +167,10 @@ RETURNING *
 
 -- name: job_discard_failed
 DELETE FROM awa.jobs_done WHERE state = 'failed' AND kind = $1
+
+-- name: queue_notify
+-- Wake the workers of these queues (outside any writing transaction).
+SELECT pg_notify('awa_jobs', q) FROM unnest($1::text[]) AS q
+
+-- name: tx_begin_deferred_notify
+BEGIN; SELECT set_config('awa.defer_notify', 'on', true)

@@ -69,3 +69,12 @@ SELECT DISTINCT kind FROM awa.jobs WHERE state = 'available' AND queue = $1
 -- The testing harness's drain(include_scheduled=True): run waiting jobs now.
 UPDATE awa.jobs SET state = 'available', run_at = now()
 WHERE queue = $1 AND state IN ('scheduled', 'retryable')
+
+-- name: throughput_add
+-- Outcome counts a worker process accumulated, added to this minute's row of
+-- its own shard (written about once a second, never inside a job's transaction).
+INSERT INTO awa.queue_throughput AS t (queue, minute, shard, completed, failed)
+SELECT q, date_trunc('minute', now()), $4, c, f
+FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(q, c, f)
+ON CONFLICT (queue, minute, shard)
+DO UPDATE SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed

@@ -218,12 +218,18 @@ CREATE TRIGGER jobs_done_unique_delete AFTER DELETE ON awa.jobs_done
     EXECUTE FUNCTION awa.unique_claim_release();
 
 -- Wake idle workers: one NOTIFY per queue per inserting statement, delivered
--- at commit (so a rolled-back insert wakes nobody).
+-- at commit (so a rolled-back insert wakes nobody). PostgreSQL serializes the
+-- commits of notifying transactions (fsync included), so Awa's own completion
+-- transactions that insert follow-ups set awa.defer_notify and notify right
+-- after their commit instead, from a transaction that writes nothing.
 CREATE FUNCTION awa.notify_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     q text;
 BEGIN
+    IF current_setting('awa.defer_notify', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
     FOR q IN SELECT DISTINCT queue FROM inserted WHERE state = 'available' LOOP
         PERFORM pg_notify('awa_jobs', q);
     END LOOP;
