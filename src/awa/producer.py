@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import re
 import struct
@@ -39,6 +40,16 @@ UNIQUE_OPTION_NAMES = frozenset({"by_queue", "by_args", "by_period", "states"})
 def derive_kind(name: str) -> str:
     """CamelCase class name → snake_case kind (``HTMLToPDF`` → ``html_to_pdf``)."""
     return _CAMEL_2.sub(r"\1_\2", _CAMEL_1.sub(r"\1_\2", name)).lower()
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _kind_of(cls: type) -> str:
+    return derive_kind(cls.__name__)
 
 
 def _json_default(value: Any) -> Any:
@@ -109,13 +120,15 @@ def args_to_dict(args: Any) -> tuple[str | None, dict[str, Any]]:
     if isinstance(args, Mapping):
         return None, dict(args)
     if dataclasses.is_dataclass(args) and not isinstance(args, type):
-        return derive_kind(type(args).__name__), dataclasses.asdict(args)
+        # Top-level fields only: nested values are converted when serialized.
+        return _kind_of(type(args)), {f: getattr(args, f) for f in _field_names(type(args))}
     if hasattr(args, "model_dump") and not isinstance(args, type):
         try:
             dumped = args.model_dump(mode="json")
         except Exception as exc:
             raise SerializationError(f"args: {exc}") from exc
-        return derive_kind(type(args).__name__), dumped
+        model: type = type(args)
+        return _kind_of(model), dumped
     raise SerializationError(
         f"args: expected a dataclass, a pydantic model or a dict, got {type(args).__name__}")
 
@@ -231,18 +244,29 @@ class PreparedJob:
         return JobState.Scheduled if self.run_at and self.run_at > now else JobState.Available
 
 
-def prepare(args: Any, *, kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
-            priority: int = states.PRIORITY_DEFAULT,
-            max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
-            metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
-            unique_opts: Mapping[str, Any] | None = None,
-            ordering_key: str | None = None) -> PreparedJob:
-    """Validate and serialize one job; raises before anything is written."""
-    derived, args_dict = args_to_dict(args)
-    kind = kind if kind is not None else derived
-    if kind is None:
-        raise ValidationError("kind", "required when args is a dict")
-    check_name("kind", kind)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+    """Validated insert options, shared by every job of a bulk insert."""
+
+    kind: str | None
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: list[str]
+    metadata_json: str
+    run_at: datetime | None
+    unique: tuple[bool, bool, int | None, int] | None
+    ordering_key: str | None
+
+
+def _options(kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
+             priority: int = states.PRIORITY_DEFAULT,
+             max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
+             metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+             unique_opts: Mapping[str, Any] | None = None,
+             ordering_key: str | None = None) -> _Options:
+    if kind is not None:
+        check_name("kind", kind)
     check_name("queue", queue)
     check_int("priority", priority, states.PRIORITY_MIN, states.PRIORITY_MAX)
     check_int("max_attempts", max_attempts, states.MAX_ATTEMPTS_MIN, states.MAX_ATTEMPTS_MAX)
@@ -250,13 +274,38 @@ def prepare(args: Any, *, kind: str | None = None, queue: str = states.DEFAULT_Q
         raise ValidationError("metadata", "must be a dict")
     if ordering_key is not None:
         check_name("ordering_key", ordering_key)
-    unique = parse_unique_opts(unique_opts)
-    key = unique_key(kind, queue, args_dict, *unique[:3]) if unique else None
+    return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
+                    tags=_check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
+                    run_at=_check_run_at(run_at), unique=parse_unique_opts(unique_opts),
+                    ordering_key=ordering_key)
+
+
+def _with_args(o: _Options, args: Any) -> PreparedJob:
+    derived, args_dict = args_to_dict(args)
+    kind = o.kind if o.kind is not None else derived
+    if kind is None:
+        raise ValidationError("kind", "required when args is a dict")
+    if o.kind is None:
+        check_name("kind", kind)
+    unique = o.unique
+    key = unique_key(kind, o.queue, args_dict, *unique[:3]) if unique else None
     return PreparedJob(
-        kind=kind, queue=queue, args=args_dict, args_json=dumps(args_dict, "args"),
-        priority=priority, max_attempts=max_attempts, run_at=_check_run_at(run_at),
-        tags=_check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
-        unique_key=key, unique_states=unique[3] if unique else None, ordering_key=ordering_key)
+        kind=kind, queue=o.queue, args=args_dict, args_json=dumps(args_dict, "args"),
+        priority=o.priority, max_attempts=o.max_attempts, run_at=o.run_at, tags=o.tags,
+        metadata_json=o.metadata_json, unique_key=key,
+        unique_states=unique[3] if unique else None, ordering_key=o.ordering_key)
+
+
+def prepare(args: Any, *, kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
+            priority: int = states.PRIORITY_DEFAULT,
+            max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
+            metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+            unique_opts: Mapping[str, Any] | None = None,
+            ordering_key: str | None = None) -> PreparedJob:
+    """Validate and serialize one job; raises before anything is written."""
+    options = _options(kind, queue, priority, max_attempts, tags, metadata, run_at,
+                       unique_opts, ordering_key)
+    return _with_args(options, args)
 
 
 def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] | None,
@@ -264,11 +313,18 @@ def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] |
     """Prepare a batch; ``opts[i]`` overrides ``defaults`` for job ``i``."""
     if opts is not None and len(opts) != len(jobs):
         raise ValidationError("opts", "must have one entry per job")
+    try:
+        shared = _options(**defaults)
+    except TypeError as exc:
+        raise TypeError(f"insert options: {exc}") from exc
     prepared = []
     for i, args in enumerate(jobs):
-        merged = {**defaults, **((opts[i] or {}) if opts is not None else {})}
+        own = opts[i] if opts is not None else None
+        if not own:
+            prepared.append(_with_args(shared, args))
+            continue
         try:
-            prepared.append(prepare(args, **merged))
+            prepared.append(prepare(args, **{**defaults, **own}))
         except TypeError as exc:
             raise TypeError(f"opts[{i}]: {exc}") from exc
     return prepared
