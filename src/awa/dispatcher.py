@@ -40,6 +40,10 @@ class Dispatcher:
         self.last_loop_at = time.monotonic()
         self.claimed = 0
 
+    def use_pool(self, pool: asyncpg.Pool) -> None:
+        """Claim through ``pool`` from now on (the runtime's dedicated claim pool)."""
+        self._pool = pool
+
     def wake(self) -> None:
         """Claim again now (a NOTIFY arrived, a slot freed, or we are stopping)."""
         self._signal.set()

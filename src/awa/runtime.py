@@ -28,6 +28,7 @@ from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
 from awa.cron import CronSchedule, CronService
 from awa.db.errors import translated
+from awa.db.pool import create_pool
 from awa.db.queries import Queries
 from awa.dispatcher import Dispatcher
 from awa.executor import JobExecutor, Outcome
@@ -109,6 +110,7 @@ class Runtime:
         self._stop_claiming = asyncio.Event()
         self._stop_services = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
+        self._claim_pool: asyncpg.Pool | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self.shutting_down = False
 
@@ -145,6 +147,15 @@ class Runtime:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
+        # Claims go through their own small pool whose commits do not wait for
+        # the WAL flush: a claim a server crash forgets only means the job runs
+        # again (its stale completion is dropped by the lease guard), while the
+        # completion's synchronous commit flushes the claim's WAL record too.
+        self._claim_pool = await create_pool(self._url, max_connections=2,
+                                             application_name="awa-claim",
+                                             synchronous_commit=False)
+        for d in self.dispatchers.values():
+            d.use_pool(self._claim_pool)
         self.completer.start()
         if self.config.listen:
             self._listen_task = asyncio.create_task(self._listen_loop(), name="awa-listen")
@@ -170,6 +181,8 @@ class Runtime:
                             len(pending))
                 await asyncio.gather(*pending, return_exceptions=True)
         await self.completer.stop()
+        if self._claim_pool is not None:
+            await self._claim_pool.close()
         self._stop_services.set()
         await asyncio.gather(*self._loops, return_exceptions=True)
         if self._listen_task is not None:

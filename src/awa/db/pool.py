@@ -60,10 +60,20 @@ class AwaConnection(asyncpg.Connection):
         return ""
 
 
-async def create_pool(database_url: str, *, max_connections: int = 10) -> asyncpg.Pool:
-    """A pool whose connections all carry Awa's codecs."""
+async def create_pool(database_url: str, *, max_connections: int = 10,
+                      application_name: str = "awa",
+                      synchronous_commit: bool = True) -> asyncpg.Pool:
+    """A pool whose connections all carry Awa's codecs.
+
+    ``synchronous_commit=False`` is only for the claim pool (see
+    docs/architecture.md): a claim that a server crash forgets just makes the
+    job run again, while every outcome commits synchronously.
+    """
+    settings = {"application_name": application_name}
+    if not synchronous_commit:
+        settings["synchronous_commit"] = "off"
     pool = await asyncpg.create_pool(
         database_url, min_size=1, max_size=max_connections, init=init_connection,
-        server_settings={"application_name": "awa"}, connection_class=AwaConnection)
+        server_settings=settings, connection_class=AwaConnection)
     assert pool is not None
     return pool
