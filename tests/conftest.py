@@ -63,40 +63,39 @@ async def template_db(server_url: str) -> str:
     return name
 
 
+async def _fresh_database(server_url: str, name: str, template: str | None) -> str:
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        suffix = f' TEMPLATE "{template}"' if template else ""
+        await conn.execute(f'CREATE DATABASE "{name}"{suffix}')
+    finally:
+        await conn.close()
+    return _with_database(server_url, name)
+
+
+async def _drop_database(server_url: str, name: str) -> None:
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 async def database_url(server_url: str, template_db: str) -> AsyncIterator[str]:
     """A fresh, migrated database for one test."""
     name = f"awa_test_{os.getpid()}_{next(_counter)}"
-    conn = await asyncpg.connect(server_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    finally:
-        await conn.close()
-    yield _with_database(server_url, name)
-    conn = await asyncpg.connect(server_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    yield await _fresh_database(server_url, name, template_db)
+    await _drop_database(server_url, name)
 
 
 @pytest.fixture
 async def empty_database_url(server_url: str) -> AsyncIterator[str]:
     """A fresh database with no Awa schema, for migration tests."""
     name = f"awa_test_{os.getpid()}_{next(_counter)}_empty"
-    conn = await asyncpg.connect(server_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    yield _with_database(server_url, name)
-    conn = await asyncpg.connect(server_url)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    yield await _fresh_database(server_url, name, None)
+    await _drop_database(server_url, name)
 
 
 @pytest.fixture

@@ -7,6 +7,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import awa
+
 #: start() options that make maintenance act within a fraction of a second.
 FAST = {
     "poll_interval_ms": 50,
@@ -30,3 +32,14 @@ async def wait_until(predicate: Callable[[], Awaitable[Any]], timeout: float = 1
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         await asyncio.sleep(interval)
+
+
+async def wait_for_state(client: awa.AsyncClient, job_id: int, state: awa.JobState,
+                         timeout: float = 15.0) -> awa.Job:
+    """Wait until job ``job_id`` is in ``state``; returns the job."""
+    async def check() -> awa.Job | None:
+        job = await client.get_job(job_id)
+        return job if job.state is state else None
+    job: awa.Job = await wait_until(check, timeout=timeout,
+                                    message=f"job {job_id} to be {state}")
+    return job

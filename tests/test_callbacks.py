@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
 from awa import callback_contract
@@ -24,16 +24,6 @@ class Order:
     n: int
 
 
-async def _state(client: awa.AsyncClient, job_id: int, state: awa.JobState) -> awa.Job | None:
-    job = await client.get_job(job_id)
-    return job if job.state is state else None
-
-
-async def _wait_state(client: awa.AsyncClient, job_id: int, state: awa.JobState,
-                      timeout: float = 15) -> awa.Job:
-    job: awa.Job = await wait_until(lambda: _state(client, job_id, state), timeout=timeout,
-                                    message=f"job {job_id} to be {state}")
-    return job
 
 
 async def test_parked_job_completed_externally(client: awa.AsyncClient) -> None:
@@ -47,7 +37,7 @@ async def test_parked_job_completed_externally(client: awa.AsyncClient) -> None:
 
     job = await client.insert(Order(1))
     await client.start([("default", 1)], **FAST)
-    parked = await _wait_state(client, job.id, S.WaitingExternal)
+    parked = await wait_for_state(client, job.id, S.WaitingExternal)
     assert parked.callback_id == tokens[job.id] and parked.callback_timeout_at is not None
     assert client.runtime is not None and client.runtime.capacity.in_use("default") == 0
     done = await client.complete_external(tokens[job.id], {"paid": True})
@@ -71,12 +61,12 @@ async def test_fail_and_retry_external(client: awa.AsyncClient) -> None:
 
     a = await client.insert(Order(1))
     await client.start([("default", 1)], **FAST)
-    await _wait_state(client, a.id, S.WaitingExternal)
+    await wait_for_state(client, a.id, S.WaitingExternal)
     retried = await client.retry_external(tokens[0])
     assert retried.id == a.id
-    assert (await _wait_state(client, a.id, S.Completed)).attempt == 2
+    assert (await wait_for_state(client, a.id, S.Completed)).attempt == 2
     b = await client.insert(Order(2))
-    await _wait_state(client, b.id, S.WaitingExternal)
+    await wait_for_state(client, b.id, S.WaitingExternal)
     failed = await client.fail_external(tokens[1], "provider declined")
     assert failed.state is S.Failed and failed.errors[-1]["error"] == "provider declined"
 
@@ -124,7 +114,7 @@ async def test_register_rejects_bad_timeout(client: awa.AsyncClient) -> None:
 
     job = await client.insert(Order(1))
     await client.start([("default", 1)], **FAST)
-    done = await _wait_state(client, job.id, S.Completed)
+    done = await wait_for_state(client, job.id, S.Completed)
     assert len(errors) == 3 and done.callback_id is None
 
 
@@ -148,12 +138,12 @@ async def test_sequential_waits_in_one_handler(client: awa.AsyncClient) -> None:
         if client.runtime is None:
             await client.start([("default", 2)], **FAST)
         for step in range(waits):
-            waiting = await _wait_state(client, job.id, S.WaitingExternal)
+            waiting = await wait_for_state(client, job.id, S.WaitingExternal)
             assert waiting.callback_id == current["token"]
             resumed = await client.resume_external(current["token"], {"step": step})
             assert resumed.state is S.Running
             assert resumed.metadata["_awa_callback_result"] == {"step": step}
-        done = await _wait_state(client, job.id, S.Completed)
+        done = await wait_for_state(client, job.id, S.Completed)
         assert seen == [{"step": s} for s in range(waits)]
         assert set(leases) == {(1, 1)} and done.attempt == 1 and done.run_lease == 1
 
@@ -180,9 +170,9 @@ async def test_early_resume_and_early_completion(client: awa.AsyncClient) -> Non
     await client.resume_external(tokens[early_resume.id], "early")
     await client.complete_external(tokens[early_complete.id], "done early")
     go.set()
-    await _wait_state(client, early_resume.id, S.Completed)
+    await wait_for_state(client, early_resume.id, S.Completed)
     assert results == ["early"]
-    done = await _wait_state(client, early_complete.id, S.Completed)
+    done = await wait_for_state(client, early_complete.id, S.Completed)
     assert done.metadata["_awa_callback_result"] == "done early"
 
 
@@ -207,7 +197,7 @@ async def test_superseded_token(client: awa.AsyncClient) -> None:
 
     job = await client.insert(Order(1))
     await client.start([("default", 1)], **FAST)
-    await _wait_state(client, job.id, S.WaitingExternal)
+    await wait_for_state(client, job.id, S.WaitingExternal)
     assert isinstance(outcome["wait_first"], awa.CallbackNotFound)
     with pytest.raises(awa.CallbackNotFound):
         await client.complete_external(ids["first"])
@@ -246,7 +236,7 @@ async def test_callback_heartbeat_keeps_short_timeout_alive(client: awa.AsyncCli
 
     job = await client.insert(Order(1), max_attempts=1)
     await client.start([("default", 1)], **FAST)
-    await _wait_state(client, job.id, S.WaitingExternal)
+    await wait_for_state(client, job.id, S.WaitingExternal)
     started = time.monotonic()
     while time.monotonic() - started < 3.0:  # three times the timeout
         beat = await client.heartbeat_callback(tokens[0], timeout_seconds=1)
@@ -254,7 +244,7 @@ async def test_callback_heartbeat_keeps_short_timeout_alive(client: awa.AsyncCli
         await asyncio.sleep(0.3)
     assert (await client.get_job(job.id)).state is S.WaitingExternal
     # Heartbeats stop: the callback times out and, with no attempts left, fails.
-    failed = await _wait_state(client, job.id, S.Failed, timeout=10)
+    failed = await wait_for_state(client, job.id, S.Failed, timeout=10)
     assert failed.errors[-1]["error"] == "callback timed out"
     with pytest.raises(awa.CallbackNotFound):
         await client.heartbeat_callback(tokens[0])
@@ -276,7 +266,7 @@ async def test_timeout_rescue_retries_and_tells_live_waiter(client: awa.AsyncCli
 
     job = await client.insert(Order(1), max_attempts=3)
     await client.start([("default", 1)], **FAST)
-    done = await _wait_state(client, job.id, S.Completed, timeout=20)
+    done = await wait_for_state(client, job.id, S.Completed, timeout=20)
     assert aborted and done.attempt == 2
     assert done.errors[0]["error"] == "callback timed out"
 
@@ -302,7 +292,7 @@ async def test_cancel_and_external_completion_during_wait(client: awa.AsyncClien
     await client.start([("default", 2)], **FAST)
     await wait_until(lambda: _has(tokens, 2))
     for j in (cancelled, completed):
-        await _wait_state(client, j.id, S.WaitingExternal)
+        await wait_for_state(client, j.id, S.WaitingExternal)
     await client.cancel(cancelled.id)
     await client.complete_external(tokens[completed.id], "external")
     await wait_until(lambda: _true(len(late_writes) == 2))
@@ -335,7 +325,7 @@ async def test_resume_latency(client: awa.AsyncClient) -> None:
                        **{k: v for k, v in FAST.items() if k != "poll_interval_ms"})
     latencies = []
     for i in range(rounds):
-        waiting = await _wait_state(client, job.id, S.WaitingExternal)
+        waiting = await wait_for_state(client, job.id, S.WaitingExternal)
         assert waiting.callback_id == current["token"]
         await client.resume_external(current["token"], i)
         returned = time.monotonic()

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
 
@@ -20,10 +20,6 @@ S = awa.JobState
 class Charge:
     n: int
 
-
-async def _state(client: awa.AsyncClient, job_id: int, state: awa.JobState) -> awa.Job | None:
-    job = await client.get_job(job_id)
-    return job if job.state is state else None
 
 
 async def test_terminal_failures_go_to_the_dlq(client: awa.AsyncClient,
@@ -52,7 +48,7 @@ async def test_terminal_failures_go_to_the_dlq(client: awa.AsyncClient,
     async def all_dead() -> bool:
         return await client.dlq_depth(queue="pay") == 4
     await wait_until(all_dead, timeout=20)
-    await wait_until(lambda: _state(client, plain_job.id, S.Failed))
+    await wait_for_state(client, plain_job.id, S.Failed)
     entries = {e.job.id: e for e in await client.list_dlq(queue="pay")}
     assert entries[ids[0]].reason == "terminal_error"
     assert entries[ids[1]].reason == "max_attempts_exhausted"
@@ -100,7 +96,7 @@ async def test_dlq_default_and_round_trip(client: awa.AsyncClient) -> None:
         await client.bulk_retry_from_dlq()
     assert await client.bulk_retry_from_dlq(tag="tag1") == 2
     for j in (jobs[1], jobs[3]):
-        await wait_until(lambda jid=j.id: _state(client, jid, S.Completed))
+        await wait_for_state(client, j.id, S.Completed)
     assert await client.dlq_depth() == 1
     # Purge.
     assert await client.purge_dlq_job(jobs[2].id) is True
@@ -117,7 +113,7 @@ async def test_move_failed_and_purge_guards(client: awa.AsyncClient) -> None:
     jobs = [await client.insert(Charge(n), tags=["a"] if n else ["b"]) for n in range(3)]
     await client.start([("default", 3)], **FAST)
     for j in jobs:
-        await wait_until(lambda jid=j.id: _state(client, jid, S.Failed))
+        await wait_for_state(client, j.id, S.Failed)
     entry = await client.move_failed_to_dlq(jobs[0].id, "operator said so")
     assert entry is not None and entry.reason == "operator said so"
     assert await client.move_failed_to_dlq(jobs[0].id) is None
@@ -141,7 +137,7 @@ async def test_retry_failed_discard_failed_dump_run(client: awa.AsyncClient) -> 
     other = await client.insert({"n": -1}, kind="other_kind", max_attempts=1)
     await client.start([("default", 3)], **{**FAST, "poll_interval_ms": 20})
     for j in jobs:
-        await wait_until(lambda jid=j.id: _state(client, jid, S.Failed), timeout=20)
+        await wait_for_state(client, j.id, S.Failed, timeout=20)
     run1 = json.loads(await client.dump_run(jobs[0].id, 1))
     assert run1["attempt"] == 1 and "attempt 1 broke" in run1["error"]
     latest = json.loads(await client.dump_run(jobs[0].id))
@@ -154,7 +150,7 @@ async def test_retry_failed_discard_failed_dump_run(client: awa.AsyncClient) -> 
     result = await client.retry_failed(kind="charge")
     assert result.matched == 3 and {j.state for j in result.jobs} == {S.Available}
     assert all(j.attempt == 0 for j in result.jobs)
-    await wait_until(lambda: _state(client, other.id, S.Failed))
+    await wait_for_state(client, other.id, S.Failed)
     assert await client.discard_failed("other_kind") == 1
     with pytest.raises(awa.JobNotFound):
         await client.get_job(other.id)
@@ -174,7 +170,7 @@ async def test_cancel_running_job_is_seen_promptly(client: awa.AsyncClient) -> N
     # A long heartbeat interval: only the NOTIFY can tell the handler quickly.
     await client.start([("default", 1)], **{**FAST, "heartbeat_interval_ms": 60_000,
                                             "heartbeat_staleness_ms": 120_000})
-    await wait_until(lambda: _state(client, job.id, S.Running))
+    await wait_for_state(client, job.id, S.Running)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await client.cancel(job.id)

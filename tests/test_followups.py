@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
 
@@ -27,16 +27,6 @@ class StageB:
     item: int
 
 
-async def _state(client: awa.AsyncClient, job_id: int, state: awa.JobState) -> awa.Job | None:
-    job = await client.get_job(job_id)
-    return job if job.state is state else None
-
-
-async def _wait(client: awa.AsyncClient, job_id: int, state: awa.JobState,
-                timeout: float = 15) -> awa.Job:
-    job: awa.Job = await wait_until(lambda: _state(client, job_id, state), timeout=timeout,
-                                    message=f"job {job_id} {state}")
-    return job
 
 
 async def _bs(conn: asyncpg.Connection) -> list[dict[str, Any]]:
@@ -63,11 +53,11 @@ async def test_staged_follow_ups_commit_only_with_completion(
     jobs = {m: await client.insert(StageA(i, m), max_attempts=5)
             for i, m in enumerate(["ok", "retry", "snooze", "cancel", "raise"], start=1)}
     await client.start([("default", 5)], **FAST)
-    await _wait(client, jobs["ok"].id, S.Completed)
-    await _wait(client, jobs["retry"].id, S.Retryable)
-    await _wait(client, jobs["snooze"].id, S.Scheduled)
-    await _wait(client, jobs["cancel"].id, S.Cancelled)
-    await _wait(client, jobs["raise"].id, S.Retryable)
+    await wait_for_state(client, jobs["ok"].id, S.Completed)
+    await wait_for_state(client, jobs["retry"].id, S.Retryable)
+    await wait_for_state(client, jobs["snooze"].id, S.Scheduled)
+    await wait_for_state(client, jobs["cancel"].id, S.Cancelled)
+    await wait_for_state(client, jobs["raise"].id, S.Retryable)
     bs = await _bs(conn)
     # Only the completed attempt's follow-ups, in staging order.
     assert [b["args"] for b in bs] == [{"item": 10}, {"item": 11}]
@@ -89,7 +79,7 @@ async def test_guard_miss_discards_staged(client: awa.AsyncClient,
 
     job = await client.insert(StageA(1))
     await client.start([("default", 1)], **FAST)
-    await _wait(client, job.id, S.Running)
+    await wait_for_state(client, job.id, S.Running)
     await client.cancel(job.id)  # taken over before the handler completes
     release.set()
     await asyncio.sleep(0.3)
@@ -117,7 +107,7 @@ async def test_failed_stage_poisons_the_attempt(client: awa.AsyncClient,
     client.on_event(StageA, lambda e: events.append(e.event))
     job = await client.insert(StageA(1))
     await client.start([("default", 1)], **FAST)
-    failed = await _wait(client, job.id, S.Failed)
+    failed = await wait_for_state(client, job.id, S.Failed)
     assert failed.errors[-1]["terminal"] is True
     assert failed.errors[-1]["error"].startswith("StagingError: invalid follow-up: priority")
     assert await _count_b(conn) == 0
@@ -161,9 +151,9 @@ async def test_limits_and_sealed(client: awa.AsyncClient, conn: asyncpg.Connecti
     ids = [(await client.insert(StageA(i, m))).id
            for i, m in enumerate(["count", "size", "sealed"])]
     await client.start([("default", 3)], **FAST)
-    count_job = await _wait(client, ids[0], S.Failed)
-    size_job = await _wait(client, ids[1], S.Failed)
-    await _wait(client, ids[2], S.Completed)
+    count_job = await wait_for_state(client, ids[0], S.Failed)
+    size_job = await wait_for_state(client, ids[1], S.Failed)
+    await wait_for_state(client, ids[2], S.Completed)
     await asyncio.gather(*spawned)
     assert "at most 16" in str(errors["count"]) and "16" in count_job.errors[-1]["error"]
     assert "65536 bytes" in str(errors["size"]) and size_job.errors[-1]["terminal"]
@@ -182,7 +172,7 @@ async def test_wait_for_callback_return_discards_with_warning(
     caplog.set_level(logging.WARNING, logger="awa.runtime")
     job = await client.insert(StageA(1))
     await client.start([("default", 1)], **FAST)
-    parked = await _wait(client, job.id, S.WaitingExternal)
+    parked = await wait_for_state(client, job.id, S.WaitingExternal)
     assert client.runtime is not None and client.runtime.finalizer.staged_discarded_on_wait == 1
     assert any("staged follow-ups" in r.message and str(job.id) in r.message
                for r in caplog.records)
@@ -207,10 +197,10 @@ async def test_staged_kept_across_in_handler_waits(client: awa.AsyncClient,
     completed_externally = await client.insert(StageA(2))
     await client.start([("default", 2)], **FAST)
     for j in (resumed, completed_externally):
-        await _wait(client, j.id, S.WaitingExternal)
+        await wait_for_state(client, j.id, S.WaitingExternal)
     await client.resume_external(tokens[resumed.id], "go")
     await client.complete_external(tokens[completed_externally.id], "done elsewhere")
-    await _wait(client, resumed.id, S.Completed)
+    await wait_for_state(client, resumed.id, S.Completed)
     await asyncio.sleep(0.3)
     assert [b["args"] for b in await _bs(conn)] == [{"item": 1}, {"item": 101}]
 
@@ -249,7 +239,7 @@ async def test_follow_up_colliding_with_its_trigger_is_skipped(
 
     job = await client.insert(StageA(5), unique_opts={})
     await client.start([("default", 1)], **FAST)
-    await _wait(client, job.id, S.Completed)
+    await wait_for_state(client, job.id, S.Completed)
     await asyncio.sleep(0.2)
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE kind = 'stage_a'") == 1
 
@@ -303,7 +293,7 @@ async def test_completion_retried_after_lost_connection_inserts_once(
 
     job = await client.insert(StageA(1))
     await client.start([("default", 1)], **FAST)
-    await _wait(client, job.id, S.Completed)
+    await wait_for_state(client, job.id, S.Completed)
     assert await conn.fetchval("SELECT last_value FROM kills") >= 2  # it did retry
     assert [b["args"]["item"] for b in await _bs(conn)] == [1, 2]
 
@@ -340,7 +330,7 @@ async def test_rescued_attempt_follow_ups_never_appear(
 
     job = await client.insert(StageA(1))
     await client.start([("default", 1)], **FAST)
-    await _wait(client, job.id, S.Running)
+    await wait_for_state(client, job.id, S.Running)
     await client.shutdown(timeout_ms=0)  # abandons the first attempt's handler
     second = awa.AsyncClient(database_url)
 
@@ -350,7 +340,7 @@ async def test_rescued_attempt_follow_ups_never_appear(
 
     try:
         await second.start([("default", 1)], **FAST)
-        await _wait(second, job.id, S.Completed)
+        await wait_for_state(second, job.id, S.Completed)
     finally:
         await second.close()
     assert [b["args"] for b in await _bs(conn)] == [{"item": 2}]
@@ -391,11 +381,11 @@ async def test_registered_specs(client: awa.AsyncClient, conn: asyncpg.Connectio
            for n, m in ((1, "ok"), (2, "retry"), (3, "fail"), (4, "cancel"), (5, "wait"),
                         (99, "ok"))}
     await client.start([("default", 4)], **FAST)
-    await _wait(client, ids["ok"], S.Completed)
-    await _wait(client, ids["retry"], S.Retryable)
-    await _wait(client, ids["fail"], S.Failed)
-    await _wait(client, ids["cancel"], S.Cancelled)
-    parked = await _wait(client, ids["wait"], S.WaitingExternal)
+    await wait_for_state(client, ids["ok"], S.Completed)
+    await wait_for_state(client, ids["retry"], S.Retryable)
+    await wait_for_state(client, ids["fail"], S.Failed)
+    await wait_for_state(client, ids["cancel"], S.Cancelled)
+    parked = await wait_for_state(client, ids["wait"], S.WaitingExternal)
     rows = await conn.fetch("SELECT args, queue, priority FROM awa.jobs_all "
                             "WHERE kind = 'stage_b' ORDER BY id")
     items = [r["args"]["item"] for r in rows]
@@ -431,12 +421,12 @@ async def test_rescued_spec_and_hooks(client: awa.AsyncClient, conn: asyncpg.Con
     ok = await client.insert(StageA(1))
     hang = await client.insert(StageA(2, "hang"))
     await client.start([("default", 2)], **FAST)
-    await _wait(client, ok.id, S.Completed)
-    await _wait(client, hang.id, S.Running)
+    await wait_for_state(client, ok.id, S.Completed)
+    await wait_for_state(client, hang.id, S.Running)
     assert client.runtime is not None
     # The hung attempt's heartbeat goes stale as if its process had died.
     client.runtime._attempts.pop(hang.id)
-    await _wait(client, hang.id, S.Completed, timeout=20)
+    await wait_for_state(client, hang.id, S.Completed, timeout=20)
     await wait_until(lambda: _true(("rescued", hang.id) in events))
     assert ("started", ok.id) in events and ("completed", ok.id) in events
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE kind = 'stage_b'") == 1

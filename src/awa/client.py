@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -52,6 +53,8 @@ class AsyncClient(AdminOps):
         self._pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
         self.retention_cancelled = states.FAILED_RETENTION
+        self._producer_conn: PoolConnectionProxy | None = None
+        self._producer_lock = asyncio.Lock()
         self._registry = Registry()
         self._followups = FollowUpRegistry()
         self._schedules: dict[str, CronSchedule] = {}
@@ -84,6 +87,9 @@ class AsyncClient(AdminOps):
             await self.shutdown()
         if self._pool is not None:
             pool, self._pool = self._pool, None
+            held, self._producer_conn = self._producer_conn, None
+            if held is not None:
+                await pool.release(held)
             await pool.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -147,13 +153,32 @@ class AsyncClient(AdminOps):
             "finished_jobs_estimate": row["finished_estimate"],
         })
 
+    @asynccontextmanager
+    async def _producer(self) -> AsyncIterator[Conn]:
+        """A connection for one enqueue: the client's held one when it is free
+        (no pool round trip per insert), else one from the pool."""
+        pool = await self.pool()
+        if self._producer_lock.locked():
+            async with pool.acquire() as borrowed:
+                yield borrowed
+            return
+        async with self._producer_lock:
+            held = self._producer_conn
+            if held is None or held.is_closed():
+                held = self._producer_conn = await pool.acquire()
+            try:
+                yield held
+            finally:
+                if held.is_closed():
+                    self._producer_conn = None
+                    await pool.release(held)
+
     # -- enqueue ---------------------------------------------------------------
 
     async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
         """Enqueue one job; `UniqueConflict` if its unique key is taken."""
         prepared = producer.prepare(args, **opts)
-        pool = await self.pool()
-        async with pool.acquire() as conn:
+        async with self._producer() as conn:
             return await producer.insert_one(conn, self._q, prepared)
 
     async def insert_many_copy(self, jobs: Sequence[Any], *,
@@ -161,8 +186,7 @@ class AsyncClient(AdminOps):
                                **defaults: Unpack[InsertOptions]) -> list[Job]:
         """Bulk insert through COPY; duplicate unique jobs are skipped."""
         prepared = producer.prepare_many(jobs, opts, defaults)
-        pool = await self.pool()
-        async with pool.acquire() as conn:
+        async with self._producer() as conn:
             return await producer.insert_many(conn, self._q, prepared)
 
     async def enqueue_many_copy(self, jobs: Sequence[Any], *,
@@ -170,8 +194,7 @@ class AsyncClient(AdminOps):
                                 **defaults: Unpack[InsertOptions]) -> int:
         """The fastest bulk path (binary COPY); returns how many were inserted."""
         prepared = producer.prepare_many(jobs, opts, defaults)
-        pool = await self.pool()
-        async with pool.acquire() as conn:
+        async with self._producer() as conn:
             return await producer.copy_many(conn, self._q, prepared)
 
     def transaction(self) -> TransactionStart:

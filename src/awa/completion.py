@@ -97,8 +97,17 @@ class Completer:
         while self._pending and self._task is not None and not self._task.done():
             await self._idle.wait()
 
-    async def stop(self) -> None:
-        await self.drain()
+    async def stop(self, timeout: float | None = None) -> None:
+        """Write what is pending (waiting at most ``timeout`` s), then stop.
+
+        Completions still unwritten after the timeout stay ``running`` in the
+        database and are rescued later: never lost, never marked done unrun.
+        """
+        try:
+            await asyncio.wait_for(self.drain(), timeout)
+        except TimeoutError:
+            log.warning("stopping with %d completions unwritten; rescue will re-run them",
+                        len(self._pending))
         for task in (self._task, self._counts_task):
             if task is not None:
                 task.cancel()

@@ -66,11 +66,14 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+_ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False, separators=(",", ":"),
+                            allow_nan=False)
+
+
 def dumps(value: Any, field: str) -> str:
     """Serialize to compact JSON or raise `SerializationError` naming ``field``."""
     try:
-        text = json.dumps(value, default=_json_default, ensure_ascii=False,
-                          separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{field}: {exc}") from exc
     if "\\u0000" in text and _contains_nul(value):
@@ -117,6 +120,11 @@ def _contains_nul(value: Any) -> bool:
 
 def args_to_dict(args: Any) -> tuple[str | None, dict[str, Any]]:
     """A job's args as a JSON-ready dict, plus the kind derived from its type."""
+    cls: type = type(args)
+    if cls is dict:
+        return None, dict(args)
+    if hasattr(cls, "__dataclass_fields__") and not isinstance(args, type):
+        return _kind_of(cls), {f: getattr(args, f) for f in _field_names(cls)}
     if isinstance(args, Mapping):
         return None, dict(args)
     if dataclasses.is_dataclass(args) and not isinstance(args, type):

@@ -180,7 +180,7 @@ class Runtime:
                 log.warning("abandoned %d running jobs at shutdown; rescue will retry them",
                             len(pending))
                 await asyncio.gather(*pending, return_exceptions=True)
-        await self.completer.stop()
+        await self.completer.stop(timeout=max(timeout, 5.0))
         if self._claim_pool is not None:
             await self._claim_pool.close()
         self._stop_services.set()
