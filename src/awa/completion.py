@@ -16,7 +16,9 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 
@@ -31,6 +33,16 @@ log = logging.getLogger("awa.completion")
 RETRY_DELAYS = (0.05, 0.2, 1.0, 2.0, 5.0)
 
 
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A completion waiting for the next flush."""
+
+    lease: int
+    output: str | None
+    followups: tuple[PreparedJob, ...]
+    future: asyncio.Future[bool] | None
+
+
 class Completer:
     """Writes outcomes; batches completions."""
 
@@ -43,7 +55,7 @@ class Completer:
         self._failed_retention = failed_retention
         self._max_batch = max_batch
         self._shard = os.getpid() % 32_000
-        self._pending: dict[int, tuple[int, str | None]] = {}  # id -> (lease, output)
+        self._pending: dict[int, _Pending] = {}
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -84,13 +96,21 @@ class Completer:
 
     def pending(self) -> dict[int, int]:
         """Attempts whose completion is not yet written: id → run lease."""
-        return {job_id: lease for job_id, (lease, _) in self._pending.items()}
+        return {job_id: p.lease for job_id, p in self._pending.items()}
 
-    def complete(self, job_id: int, lease: int, output_json: str | None = None) -> None:
-        """Queue a completion; it is written by the next flush."""
-        self._pending[job_id] = (lease, output_json)
+    def complete(self, job_id: int, lease: int, output_json: str | None = None,
+                 followups: Sequence[PreparedJob] = ()) -> asyncio.Future[bool] | None:
+        """Queue a completion; it is written by the next flush.
+
+        With follow-ups, the returned future resolves once the batch commits:
+        True if this completion (and so its follow-ups) committed, False if
+        its lease was stale (nothing of it was written).
+        """
+        future = asyncio.get_running_loop().create_future() if followups else None
+        self._pending[job_id] = _Pending(lease, output_json, tuple(followups), future)
         self._idle.clear()
         self._wakeup.set()
+        return future
 
     async def drain(self) -> None:
         """Wait until every queued completion is written (or its task stopped)."""
@@ -120,22 +140,34 @@ class Completer:
             self._wakeup.clear()
             while self._pending:
                 batch = list(self._pending.items())[: self._max_batch]
-                await self._flush(batch)
-                for job_id, (lease, _) in batch:
-                    if self._pending.get(job_id, (None,))[0] == lease:
-                        del self._pending[job_id]
+                try:
+                    await self._flush(batch)
+                finally:
+                    for job_id, p in batch:
+                        if self._pending.get(job_id) is p:
+                            del self._pending[job_id]
+                        if p.future is not None and not p.future.done():
+                            p.future.set_result(False)
             self._idle.set()
 
-    async def _flush(self, batch: list[tuple[int, tuple[int, str | None]]]) -> None:
+    async def _flush(self, batch: list[tuple[int, _Pending]]) -> None:
         ids = [job_id for job_id, _ in batch]
-        leases = [lease for _, (lease, _) in batch]
-        outputs = [output for _, (_, output) in batch]
+        leases = [p.lease for _, p in batch]
+        outputs = [p.output for _, p in batch]
+        with_followups = any(p.followups for _, p in batch)
         for delay in (*RETRY_DELAYS, None):
             try:
                 with translated():
-                    rows = await self._pool.fetch(
-                        self._q["attempt_complete_batch"], ids, leases, outputs,
-                        self._completed_retention)
+                    if with_followups:
+                        rows = await self._flush_with_followups(batch, ids, leases, outputs)
+                    else:
+                        rows = await self._pool.fetch(
+                            self._q["attempt_complete_batch"], ids, leases, outputs,
+                            self._completed_retention)
+                done = {r["id"] for r in rows}
+                for job_id, p in batch:
+                    if p.future is not None:
+                        p.future.set_result(job_id in done)
                 self.completed += len(rows)
                 self.stale += len(batch) - len(rows)
                 for r in rows:
@@ -143,7 +175,11 @@ class Completer:
                 if self._on_completed is not None and rows:
                     self._on_completed([r["id"] for r in rows])
                 return
-            except Exception:
+            except Exception as exc:
+                if with_followups and not _transient(exc):
+                    # A follow-up was rejected: isolate it, one job per transaction.
+                    await self._one_by_one(batch)
+                    return
                 if delay is None:
                     # Still running in the database: heartbeats stop with the
                     # process and rescue re-runs these jobs. Nothing is lost.
@@ -151,6 +187,44 @@ class Completer:
                     return
                 log.warning("completion batch failed; retrying in %.2fs", delay, exc_info=True)
                 await asyncio.sleep(delay)
+
+    async def _flush_with_followups(self, batch: list[tuple[int, _Pending]], ids: list[int],
+                                    leases: list[int], outputs: list[str | None]) -> list[Any]:
+        """One transaction: the batch's completions, then the follow-ups of those
+        that completed (a stale completion brings none of its follow-ups)."""
+        async with self._pool.acquire() as conn:
+            await conn.execute(self._q["tx_begin_deferred_notify"])
+            try:
+                rows = await conn.fetch(self._q["attempt_complete_batch"], ids, leases, outputs,
+                                        self._completed_retention)
+                done = {r["id"] for r in rows}
+                plain: list[PreparedJob] = []
+                for job_id, p in batch:
+                    if job_id not in done or not p.followups:
+                        continue
+                    if any(r.unique_key is not None for r in p.followups):
+                        await insert_followups(conn, self._q, p.followups, trigger_id=job_id)
+                    else:
+                        plain.extend(p.followups)
+                if plain:  # pipelined: one round trip for all of them
+                    await conn.executemany(self._q["job_insert"],
+                                           [r.insert_params() for r in plain])
+                await conn.execute("COMMIT")
+            except BaseException:
+                if not conn.is_closed() and conn.is_in_transaction():
+                    await conn.execute("ROLLBACK")
+                raise
+        self.notify(r.queue for job_id, p in batch if job_id in done for r in p.followups)
+        return rows
+
+    async def _one_by_one(self, batch: list[tuple[int, _Pending]]) -> None:
+        for job_id, p in batch:
+            ok = await self.write(job_id, p.lease, Outcome("completed", output_json=p.output),
+                                  None, p.followups)
+            if p.future is not None:
+                p.future.set_result(ok)
+            if ok:
+                self.completed += 1
 
     def _statement(self, job_id: int, lease: int, outcome: Outcome,
                    progress_json: str | None) -> tuple[str, tuple[object, ...]]:

@@ -75,9 +75,12 @@ class Finalizer:
         """Apply the rules and write the result under the attempt's run lease."""
         outcome, followups = self.resolve(job, ctx, outcome)
         trigger = TRIGGER_OF.get(outcome.kind)
-        if outcome.kind == "completed" and not followups and allow_batch:
-            self.completer.complete(job.id, job.run_lease, outcome.output_json)
-            return Finalized(outcome, written=False, batched=True, trigger=trigger)
+        if outcome.kind == "completed" and allow_batch:
+            future = self.completer.complete(job.id, job.run_lease, outcome.output_json,
+                                             followups)
+            if future is None:
+                return Finalized(outcome, written=False, batched=True, trigger=trigger)
+            return Finalized(outcome, written=await future, batched=False, trigger=trigger)
         progress = ctx._take_progress() if ctx is not None else None
         written = await self.completer.write(job.id, job.run_lease, outcome, progress,
                                              followups)
