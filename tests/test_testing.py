@@ -126,3 +126,29 @@ def test_handler_job_records_validated_requests() -> None:
     with pytest.raises(awa.StagingError, match="after the handler returned"):
         sealed.enqueue_on_completion(Notify(1))
     assert not job.is_cancelled()
+
+
+async def test_work_one_discards_staged_on_every_other_outcome(
+        awa_client: AwaTestClient, conn: asyncpg.Connection,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    async def handler(job: awa.JobContext) -> object:
+        job.enqueue_on_completion(Notify(job.args.n))
+        if job.args.n == 1:
+            return awa.Snooze(60)
+        if job.args.n == 2:
+            return awa.Cancel("no")
+        if job.args.n == 3:
+            raise RuntimeError("handler error")
+        return awa.WaitForCallback(await job.register_callback())
+
+    caplog.set_level(logging.WARNING, logger="awa.runtime")
+    for n in (1, 2, 3, 4):
+        await awa_client.insert(Resolve(n))
+    results = [await awa_client.work_one(Resolve, handler) for _ in range(4)]
+    assert [r.outcome for r in results] == ["snoozed", "cancelled", "retryable",
+                                            "waiting_external"]
+    assert results[3].is_waiting()
+    assert any("staged follow-ups" in r.message for r in caplog.records)
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE kind = 'notify'") == 0
