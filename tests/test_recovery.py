@@ -246,3 +246,21 @@ async def test_polling_alone_without_listen(client: awa.AsyncClient) -> None:
         return await _state(client, job.id) is awa.JobState.Completed
     await wait_until(completed, message="a polled claim")
     assert not (await client.health_check()).listen_enabled
+
+
+async def test_cleanup_vacuums_a_churned_jobs_table(client: awa.AsyncClient,
+                                                    conn: asyncpg.Connection) -> None:
+    await client.enqueue_many_copy([Sleepy(0) for _ in range(12_000)], queue="churn")
+    await conn.execute("DELETE FROM awa.jobs WHERE queue = 'churn'")
+    await conn.execute("SELECT pg_stat_force_next_flush()")  # PostgreSQL 15+
+    await client.start([("other", 1)], **FAST)
+    assert client.runtime is not None
+    cleaner = client.runtime.service("cleanup")
+
+    async def dead() -> int:
+        return int(await conn.fetchval("SELECT n_dead_tup FROM pg_stat_user_tables "
+                                       "WHERE relid = 'awa.jobs'::regclass"))
+    assert await dead() >= 10_000
+    await cleaner.run_once()
+    assert cleaner.vacuums == 1  # type: ignore[attr-defined]
+    assert await dead() < 10_000

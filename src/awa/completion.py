@@ -63,6 +63,7 @@ class Completer:
         self.completed = 0
         self.stale = 0
         self._on_completed = on_completed
+        self.on_flushed: Callable[[], None] | None = None
         self._to_notify: set[str] = set()
         self._counts: dict[tuple[str, bool], int] = {}
         self._counts_task: asyncio.Task[None] | None = None
@@ -99,14 +100,16 @@ class Completer:
         return {job_id: p.lease for job_id, p in self._pending.items()}
 
     def complete(self, job_id: int, lease: int, output_json: str | None = None,
-                 followups: Sequence[PreparedJob] = ()) -> asyncio.Future[bool] | None:
+                 followups: Sequence[PreparedJob] = (), *,
+                 wait: bool = False) -> asyncio.Future[bool] | None:
         """Queue a completion; it is written by the next flush.
 
-        With follow-ups, the returned future resolves once the batch commits:
-        True if this completion (and so its follow-ups) committed, False if
-        its lease was stale (nothing of it was written).
+        With follow-ups (or ``wait``), the returned future resolves once the
+        batch commits: True if this completion (and its follow-ups) committed,
+        False if its lease was stale or the write was given up (the job then
+        stays running for rescue). Without, nothing waits (the fast path).
         """
-        future = asyncio.get_running_loop().create_future() if followups else None
+        future = asyncio.get_running_loop().create_future() if followups or wait else None
         self._pending[job_id] = _Pending(lease, output_json, tuple(followups), future)
         self._idle.clear()
         self._wakeup.set()
@@ -146,8 +149,9 @@ class Completer:
                     for job_id, p in batch:
                         if self._pending.get(job_id) is p:
                             del self._pending[job_id]
-                        if p.future is not None and not p.future.done():
-                            p.future.set_result(False)
+                        _resolve(p.future, False)
+                    if self.on_flushed is not None:
+                        self.on_flushed()
             self._idle.set()
 
     async def _flush(self, batch: list[tuple[int, _Pending]]) -> None:
@@ -166,8 +170,7 @@ class Completer:
                             self._completed_retention)
                 done = {r["id"] for r in rows}
                 for job_id, p in batch:
-                    if p.future is not None:
-                        p.future.set_result(job_id in done)
+                    _resolve(p.future, job_id in done)
                 self.completed += len(rows)
                 self.stale += len(batch) - len(rows)
                 for r in rows:
@@ -221,8 +224,7 @@ class Completer:
         for job_id, p in batch:
             ok = await self.write(job_id, p.lease, Outcome("completed", output_json=p.output),
                                   None, p.followups)
-            if p.future is not None:
-                p.future.set_result(ok)
+            _resolve(p.future, ok)
             if ok:
                 self.completed += 1
 
@@ -308,6 +310,11 @@ class Completer:
                 await self._pool.execute(self._q["queue_notify"], queues)
             except Exception:
                 log.warning("could not notify %s; workers will poll", queues, exc_info=True)
+
+
+def _resolve(future: asyncio.Future[bool] | None, value: bool) -> None:
+    if future is not None and not future.done():  # its waiter may be cancelled (shutdown)
+        future.set_result(value)
 
 
 def _transient(exc: BaseException) -> bool:

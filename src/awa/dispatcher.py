@@ -28,12 +28,14 @@ class Dispatcher:
     """Claims jobs of one queue into free slots."""
 
     def __init__(self, cfg: QueueConfig, pool: asyncpg.Pool, q: Queries, capacity: Capacity,
-                 launch: Callable[[Job], None], poll_interval: float) -> None:
+                 launch: Callable[[Job], None], poll_interval: float,
+                 backlog: Callable[[], bool] = lambda: False) -> None:
         self.cfg = cfg
         self._pool = pool
         self._q = q
         self._capacity = capacity
         self._launch = launch
+        self._backlogged = backlog
         self._poll = poll_interval
         self._limiter = TokenBucket(cfg.rate_limit) if cfg.rate_limit else None
         self._signal = asyncio.Event()
@@ -56,6 +58,8 @@ class Dispatcher:
         while not stopping.is_set():
             self.last_loop_at = time.monotonic()
             free = self._capacity.free(name)
+            if self._backlogged():
+                free = 0  # completions are not being written as fast as jobs finish
             want = min(free, self.cfg.claim_batch_size)
             timeout = self._poll
             if self._limiter is not None and want > 0:

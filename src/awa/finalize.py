@@ -32,8 +32,8 @@ class Finalized:
     """What finalizing did."""
 
     outcome: Outcome  #: the outcome actually written (after poisoning and checks)
-    written: bool  #: committed (False: stale lease, or not yet for a batched completion)
-    batched: bool  #: handed to the batched completer
+    written: bool  #: committed, or (batched, nobody waiting) handed to the completer
+    batched: bool  #: written by the batched completer
     trigger: Trigger | None
 
 
@@ -76,11 +76,13 @@ class Finalizer:
         outcome, followups = self.resolve(job, ctx, outcome)
         trigger = TRIGGER_OF.get(outcome.kind)
         if outcome.kind == "completed" and allow_batch:
+            # Batched with other completions; wait for the batch to commit only
+            # when something depends on it (follow-ups, hooks).
             future = self.completer.complete(job.id, job.run_lease, outcome.output_json,
-                                             followups)
+                                             followups, wait=self.followups.has_hooks)
             if future is None:
-                return Finalized(outcome, written=False, batched=True, trigger=trigger)
-            return Finalized(outcome, written=await future, batched=False, trigger=trigger)
+                return Finalized(outcome, written=True, batched=True, trigger=None)
+            return Finalized(outcome, written=await future, batched=True, trigger=trigger)
         progress = ctx._take_progress() if ctx is not None else None
         written = await self.completer.write(job.id, job.run_lease, outcome, progress,
                                              followups)

@@ -84,7 +84,7 @@ class Runtime:
                  followups: FollowUpRegistry | None = None) -> None:
         self.config = config
         self.followups = followups or FollowUpRegistry()
-        self._pending_events: dict[int, Job] = {}
+
         self._pool = pool
         self._q = q
         self._url = database_url
@@ -96,11 +96,14 @@ class Runtime:
         self._executor = JobExecutor(registry, self._threads,
                                      AttemptDb(pool, q, config.poll_interval.total_seconds()))
         self.completer = Completer(pool, q, completed_retention=config.completed_retention,
-                                   failed_retention=config.failed_retention,
-                                   on_completed=self._completed)
+                                   failed_retention=config.failed_retention)
         poll = config.poll_interval.total_seconds()
-        self.dispatchers = {qc.name: Dispatcher(qc, pool, q, self.capacity, self._launch, poll)
-                            for qc in config.queues}
+        backlog_limit = max(4 * total, 128)
+        self.dispatchers = {
+            qc.name: Dispatcher(qc, pool, q, self.capacity, self._launch, poll,
+                                backlog=lambda: len(self.completer._pending) >= backlog_limit)
+            for qc in config.queues}
+        self.completer.on_flushed = self._wake_all
         self.finalizer = Finalizer(self.completer, self.followups)
         self.leader = LeaderElection(pool, q, self.instance_id, config.leader_election_interval)
         self.services: list[PeriodicService] = self._make_services()
@@ -204,6 +207,8 @@ class Runtime:
         task.add_done_callback(self._job_tasks.discard)
 
     async def _run(self, job: Job) -> None:
+        """Run one job. The slot frees when the handler returns; the completion
+        backlog is bounded separately (see `Dispatcher`)."""
         ctx, early = self._executor.prepare(job)
         outcome: Outcome | None = early
         if ctx is not None:
@@ -213,7 +218,7 @@ class Runtime:
                 outcome = await self._executor.run(job, ctx)
             except asyncio.CancelledError:
                 # Shutdown abandoned the handler: the job stays running and is
-                # rescued once its heartbeat goes stale. Staged follow-ups go with it.
+                # rescued once its heartbeat goes stale; staged follow-ups go with it.
                 ctx._cancel()
                 self._attempts.pop(job.id, None)
                 self._release(job.queue)
@@ -230,19 +235,10 @@ class Runtime:
     async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
         """Write the outcome with its follow-ups; fire hooks once it has committed."""
         done = await self.finalizer.finalize(job, ctx, outcome, allow_batch=True)
-        if done.batched:
-            if self.followups.has_hooks:
-                self._pending_events[job.id] = job
-        elif not done.written:
-            log.info("outcome of job %d dropped: its run lease is stale", job.id)
+        if not done.written:
+            log.info("outcome of job %d not written (stale lease, or left for rescue)", job.id)
         elif done.trigger is not None:
             self.followups.emit(done.trigger, job, done.outcome.error)
-
-    def _completed(self, ids: list[int]) -> None:
-        for job_id in ids:
-            job = self._pending_events.pop(job_id, None)
-            if job is not None:
-                self.followups.emit("completed", job)
 
     async def _rescued(self, rows: list[Any]) -> None:
         """After a rescue commits: registered ``rescued`` specs (best effort) and hooks."""
@@ -260,6 +256,10 @@ class Runtime:
                     await insert_followups(conn, self._q, requests, trigger_id=job.id)
             except Exception:
                 log.exception("rescued follow-ups of job %d not inserted", job.id)
+
+    def _wake_all(self) -> None:
+        for d in self.dispatchers.values():
+            d.wake()
 
     def _release(self, queue: str) -> None:
         self.capacity.release(queue)

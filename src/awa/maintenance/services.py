@@ -16,6 +16,7 @@ from awa.maintenance.base import PeriodicService
 log = logging.getLogger("awa.maintenance")
 PROMOTE_BATCH = 5000
 RESCUE_BATCH = 1000
+VACUUM_MIN_DEAD = 10_000
 
 
 class Promoter(PeriodicService):
@@ -81,6 +82,7 @@ class Cleaner(PeriodicService):
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
         self._dlq_retention = dlq_retention
+        self.vacuums = 0
         self._horizon = horizon
         self._batch = batch_size
         self.pruned = 0
@@ -98,12 +100,24 @@ class Cleaner(PeriodicService):
                 if n < self._batch:
                     break
             await conn.execute(q["throughput_prune"])
+            await self._vacuum_if_needed(conn)
             while True:
                 status = await conn.execute(q["dlq_prune"], self._dlq_retention, self._batch)
                 n = int(status.rsplit(" ", 1)[-1])
                 self.pruned += n
                 if n < self._batch:
                     break
+
+
+    async def _vacuum_if_needed(self, conn: Any) -> None:
+        row = await conn.fetchrow(self._q["jobs_dead_tuples"])
+        if row is None or row["dead"] < max(VACUUM_MIN_DEAD, row["live"] // 5):
+            return
+        try:
+            await conn.execute(self._q["jobs_vacuum"])
+            self.vacuums += 1
+        except Exception as exc:  # e.g. a runtime role that does not own the table
+            log.warning("could not vacuum awa.jobs (%d dead tuples): %s", row["dead"], exc)
 
 
 class Heartbeat(PeriodicService):

@@ -86,3 +86,12 @@ DELETE FROM awa.dlq d USING old WHERE d.id = old.id
 
 -- name: throughput_prune
 DELETE FROM awa.queue_throughput WHERE minute < now() - interval '7 days'
+
+-- name: jobs_dead_tuples
+-- The active table churns (insert, claim, delete per job); when autovacuum is
+-- off or behind, the leader vacuums it itself.
+SELECT coalesce(n_dead_tup, 0) AS dead, coalesce(n_live_tup, 0) AS live
+FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
+
+-- name: jobs_vacuum
+VACUUM (ANALYZE) awa.jobs
