@@ -125,3 +125,7 @@ def _pid() -> int:
 
 if __name__ == "__main__":
     main()
+
+
+# Subcommand groups register themselves on `main`.
+from awa.cli import jobs, operations  # noqa: E402, F401
