@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -316,3 +317,48 @@ async def test_unknown_start_option_raises(client: awa.AsyncClient) -> None:
     await client.start([("q", 1)], claimers=2, storage_transition_role="auto")  # compat knobs
     with pytest.raises(RuntimeError):
         await client.start([("q", 1)])
+
+
+async def _http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = (await reader.read()).decode()
+    writer.close()
+    head, _, body = data.partition("\r\n\r\n")
+    return int(head.split(" ")[1]), body
+
+
+async def test_health_listener(client: awa.AsyncClient, database_url: str) -> None:
+    @client.task(Step, queue="hl")
+    async def handle(job: awa.Job) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="host:port"):
+        await client.start([("hl", 1)], health_addr="nonsense")
+    await client.start([("hl", 2)], health_addr="127.0.0.1:0", **FAST)
+    assert client.runtime is not None and client.runtime.health_server is not None
+    port = client.runtime.health_server.port
+    status, body = await _http_get(port, "/healthz")
+    assert status == 200 and json.loads(body)["alive"] is True
+
+    async def ready() -> dict[str, object] | None:
+        code, text = await _http_get(port, "/readyz")
+        return json.loads(text) if code == 200 else None
+    fields = await wait_until(ready)
+    assert fields["schema_compatible"] is True and fields["postgres_connected"] is True
+    job = await client.insert(Step(1), queue="hl")
+    await _finished(client, [job.id])
+    status, text = await _http_get(port, "/metrics")
+    assert status == 200 and 'awa_job_claimed_total{queue="hl"} 1' in text
+    assert "# TYPE awa_job_completed_total counter" in text
+    assert (await _http_get(port, "/nope"))[0] == 404
+    # A schema newer than the code makes the worker not ready (503 naming the field).
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("INSERT INTO awa.schema_migrations (version, description) "
+                           "VALUES (999, 'future')")
+    finally:
+        await conn.close()
+    status, text = await _http_get(port, "/readyz")
+    assert status == 503 and json.loads(text)["schema_compatible"] is False

@@ -8,6 +8,7 @@ one place and rejects contradictions with `ValueError`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -144,6 +145,7 @@ class RuntimeConfig:
     dlq_retention: timedelta = states.DLQ_RETENTION
     cron_interval: timedelta = timedelta(seconds=1)
     listen: bool = True  #: use LISTEN/NOTIFY for wake-ups (polling always runs too)
+    health_addr: str | None = None  #: "host:port" of the health listener (None: off)
 
     @property
     def weighted(self) -> bool:
@@ -186,6 +188,12 @@ class RuntimeConfig:
             values["dlq_enabled_by_default"] = bool(kwargs.pop("dlq_enabled_by_default"))
         if "listen" in kwargs:
             values["listen"] = bool(kwargs.pop("listen"))
+        addr = kwargs.pop("health_addr", None) or os.environ.get("AWA_HEALTH_ADDR")
+        if addr:
+            from awa.web.health import parse_addr
+
+            parse_addr(addr)
+            values["health_addr"] = addr
         for key in list(kwargs):
             if key in COMPAT_KEYS:
                 kwargs.pop(key)

@@ -27,6 +27,7 @@ from awa.completion import Completer
 from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
 from awa.cron import CronSchedule, CronService
+from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import create_pool
 from awa.db.queries import Queries
@@ -39,6 +40,7 @@ from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
 from awa.model import Job
 from awa.tasks import Registry
+from awa.web.health import HealthServer
 
 log = logging.getLogger("awa.runtime")
 
@@ -114,6 +116,7 @@ class Runtime:
         self._stop_services = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
         self._claim_pool: asyncpg.Pool | None = None
+        self.health_server: HealthServer | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self.shutting_down = False
 
@@ -160,6 +163,10 @@ class Runtime:
         for d in self.dispatchers.values():
             d.use_pool(self._claim_pool)
         self.completer.start()
+        if self.config.health_addr:
+            self.health_server = HealthServer(self.config.health_addr, self._liveness,
+                                              self._readiness, self.metrics_text)
+            await self.health_server.start()
         if self.config.listen:
             self._listen_task = asyncio.create_task(self._listen_loop(), name="awa-listen")
         for svc in self.services:
@@ -193,6 +200,8 @@ class Runtime:
             await asyncio.gather(self._listen_task, return_exceptions=True)
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
+        if self.health_server is not None:
+            await self.health_server.stop()
         try:
             await self.leader.resign()
         except Exception:
@@ -327,6 +336,55 @@ class Runtime:
     @property
     def listening(self) -> bool:
         return self._listener is not None and not self._listener.is_closed()
+
+    # -- health listener and metrics ------------------------------------------------
+
+    def _liveness(self) -> dict[str, Any]:
+        return {"alive": True, "shutting_down": self.shutting_down,
+                "instance": self.instance_id}
+
+    async def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        health = await self.health()
+        schema_ok = False
+        if health.postgres_connected:
+            try:
+                async with self._pool.acquire() as conn:
+                    await migrations.check(conn, self._q.schema)
+                schema_ok = True
+            except Exception:
+                schema_ok = False
+        fields = {"postgres_connected": health.postgres_connected,
+                  "schema_compatible": schema_ok, "poll_loop_alive": health.poll_loop_alive,
+                  "heartbeat_alive": health.heartbeat_alive,
+                  "shutting_down": health.shutting_down}
+        ok = all(v for k, v in fields.items() if k != "shutting_down") \
+            and not health.shutting_down
+        return ok, {"ready": ok, **fields}
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition of this process's counters and gauges."""
+        lines = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{labels} {value}" for labels, value in samples)
+
+        def per_queue(values: dict[str, float]) -> list[tuple[str, float]]:
+            return [(f'{{queue="{q}"}}', v) for q, v in values.items()]
+
+        metric("awa_job_claimed_total", "counter", "Jobs claimed by this process.",
+               per_queue({n: d.claimed for n, d in self.dispatchers.items()}))
+        metric("awa_job_completed_total", "counter", "Completions written by this process.",
+               [("", self.completer.completed)])
+        metric("awa_job_in_flight", "gauge", "Handlers running now.",
+               per_queue({n: sum(1 for a in self._attempts.values() if a.queue == n)
+                          for n in self.dispatchers}))
+        rescuer = self.service("rescue")
+        metric("awa_maintenance_rescues_total", "counter", "Attempts rescued by this leader.",
+               [("", getattr(rescuer, "rescued", 0))])
+        metric("awa_maintenance_leader", "gauge", "1 while this process leads maintenance.",
+               [("", 1 if self.leader.is_leader else 0)])
+        return "\n".join(lines) + "\n"
 
     # -- health -------------------------------------------------------------------------
 
