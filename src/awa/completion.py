@@ -47,8 +47,7 @@ class Completer:
     """Writes outcomes; batches completions."""
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, *, completed_retention: timedelta,
-                 failed_retention: timedelta, max_batch: int = 512,
-                 on_completed: Callable[[list[int]], None] | None = None) -> None:
+                 failed_retention: timedelta, max_batch: int = 512) -> None:
         self._pool = pool
         self._q = q
         self._completed_retention = completed_retention
@@ -62,7 +61,6 @@ class Completer:
         self._task: asyncio.Task[None] | None = None
         self.completed = 0
         self.stale = 0
-        self._on_completed = on_completed
         self.on_flushed: Callable[[], None] | None = None
         self._to_notify: set[str] = set()
         self._counts: dict[tuple[str, bool], int] = {}
@@ -175,8 +173,6 @@ class Completer:
                 self.stale += len(batch) - len(rows)
                 for r in rows:
                     self.count(r["queue"], "completed")
-                if self._on_completed is not None and rows:
-                    self._on_completed([r["id"] for r in rows])
                 return
             except Exception as exc:
                 if with_followups and not _transient(exc):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -244,4 +244,4 @@ COMPAT_KEYS = frozenset({
     "queue_storage_claim_rotate_interval_ms",
 })
 
-__all__ = ["COMPAT_KEYS", "QueueConfig", "RateLimit", "RuntimeConfig", "field"]
+__all__ = ["COMPAT_KEYS", "QueueConfig", "RateLimit", "RuntimeConfig"]

@@ -22,7 +22,6 @@ from awa.errors import ValidationError
 from awa.model import Job
 
 Executor = Conn | asyncpg.Pool
-REASONS = ("max_attempts_exhausted", "terminal_error", "callback_timeout", "manual")
 
 
 @dataclass(frozen=True, slots=True)

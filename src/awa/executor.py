@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -102,13 +101,10 @@ class JobExecutor:
             return None, Outcome("fail", error=describe_error(err), terminal=True)
         return JobContext(job, args, self._db), None
 
-    async def run(self, job: Job, ctx: JobContext,
-                  on_start: Callable[[], None] | None = None) -> Outcome:
+    async def run(self, job: Job, ctx: JobContext) -> Outcome:
         """Run the handler of ``job`` and return its outcome (never raises)."""
         spec = self._registry.get(job.kind)
         assert spec is not None
-        if on_start is not None:
-            on_start()
         try:
             if spec.is_async:
                 result = await spec.handler(ctx)

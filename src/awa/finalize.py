@@ -33,7 +33,6 @@ class Finalized:
 
     outcome: Outcome  #: the outcome actually written (after poisoning and checks)
     written: bool  #: committed, or (batched, nobody waiting) handed to the completer
-    batched: bool  #: written by the batched completer
     trigger: Trigger | None
 
 
@@ -81,11 +80,11 @@ class Finalizer:
             future = self.completer.complete(job.id, job.run_lease, outcome.output_json,
                                              followups, wait=self.followups.has_hooks)
             if future is None:
-                return Finalized(outcome, written=True, batched=True, trigger=None)
-            return Finalized(outcome, written=await future, batched=True, trigger=trigger)
+                return Finalized(outcome, written=True, trigger=None)
+            return Finalized(outcome, written=await future, trigger=trigger)
         progress = ctx._take_progress() if ctx is not None else None
         written = await self.completer.write(job.id, job.run_lease, outcome, progress,
                                              followups)
         if written and outcome.kind in ("completed", "fail"):
             self.completer.count(job.queue, outcome.kind)
-        return Finalized(outcome, written=written, batched=False, trigger=trigger)
+        return Finalized(outcome, written=written, trigger=trigger)
