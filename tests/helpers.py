@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import awa
@@ -43,3 +47,17 @@ async def wait_for_state(client: awa.AsyncClient, job_id: int, state: awa.JobSta
     job: awa.Job = await wait_until(check, timeout=timeout,
                                     message=f"job {job_id} to be {state}")
     return job
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn_worker(database_url: str, *extra: str, workers: int = 4,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A real ``awa worker`` process for ``tests.apps.worker_app`` on queue ``procs``."""
+    full_env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
+                **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
+         "--queue", f"procs={workers}", *[f"--set={k}={v}" for k, v in FAST.items()], *extra],
+        env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

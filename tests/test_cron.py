@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, spawn_worker, wait_until
 
 import awa
 from awa.cron import CronService, fire_times
 from awa.db.queries import queries
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -120,13 +115,8 @@ async def test_admin_of_schedules(client: awa.AsyncClient, database_url: str) ->
 
 async def test_every_second_with_three_workers_and_a_killed_leader(
         client: awa.AsyncClient, database_url: str, conn: asyncpg.Connection) -> None:
-    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
-           "AWA_TEST_CRON": "1"}
-    options = [f"--set={k}={v}" for k, v in FAST.items()] + ["--set=cron_interval_ms=200"]
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
-         "--queue", "procs=1", *options], env=env, cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(3)]
+    procs = [spawn_worker(database_url, "--set=cron_interval_ms=200", workers=1,
+                          env={"AWA_TEST_CRON": "1"}) for _ in range(3)]
     try:
         async def fired(n: int) -> bool:
             return bool(await conn.fetchval("SELECT count(*) FROM awa.jobs "

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, spawn_worker, wait_until
 
 import awa
 
 S = awa.JobState
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -119,11 +114,7 @@ async def test_progress_outside_an_attempt_raises(client: awa.AsyncClient) -> No
 async def test_checkpoint_survives_sigkill(client: awa.AsyncClient, database_url: str,
                                            conn: asyncpg.Connection) -> None:
     job = await client.insert({"seconds": 60}, kind="checkpointed", queue="procs")
-    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
-         "--queue", "procs=2", *[f"--set={k}={v}" for k, v in FAST.items()]],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = spawn_worker(database_url, workers=2)
     try:
         await wait_until(lambda: _job_where(client, job.id, lambda j: j.progress), timeout=30)
         proc.send_signal(signal.SIGKILL)

@@ -3,36 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import asyncpg
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, spawn_worker, wait_until
 
 import awa
 from awa.completion import Completer
 from awa.db.queries import queries
 from awa.executor import Outcome
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @dataclass
 class Sleepy:
     seconds: float
     marker: str = ""
-
-
-def _spawn_worker(database_url: str, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
-         "--queue", "procs=4", *[f"--set={k}={v}" for k, v in FAST.items()], *extra],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 async def _state(client: awa.AsyncClient, job_id: int) -> awa.JobState:
@@ -43,7 +29,7 @@ async def test_sigkilled_worker_jobs_are_rescued_elsewhere(client: awa.AsyncClie
                                                            database_url: str,
                                                            conn: asyncpg.Connection) -> None:
     job = await client.insert(Sleepy(30.0), queue="procs")
-    proc = _spawn_worker(database_url)
+    proc = spawn_worker(database_url)
     try:
         async def running() -> bool:
             return await _state(client, job.id) is awa.JobState.Running
@@ -219,7 +205,7 @@ async def test_many_workers_complete_each_job_once(database_url: str,
 async def test_awa_worker_sigterm_finishes_in_flight_job(client: awa.AsyncClient,
                                                          database_url: str) -> None:
     job = await client.insert(Sleepy(1.0), queue="procs")
-    proc = _spawn_worker(database_url)
+    proc = spawn_worker(database_url)
     try:
         async def running() -> bool:
             return await _state(client, job.id) is awa.JobState.Running
