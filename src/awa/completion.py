@@ -64,6 +64,7 @@ class Completer:
         self.on_flushed: Callable[[], None] | None = None
         self._to_notify: set[str] = set()
         self._counts: dict[tuple[str, bool], int] = {}
+        self._waits: dict[str, list[float]] = {}  # queue -> [count, sum ms, max ms]
         self._counts_task: asyncio.Task[None] | None = None
         self._notify_task: asyncio.Task[None] | None = None
 
@@ -76,15 +77,32 @@ class Completer:
         key = (queue, outcome == "completed")
         self._counts[key] = self._counts.get(key, 0) + 1
 
+    def observe_wait(self, queue: str, seconds: float) -> None:
+        """Record one pickup latency (claim time minus due time) for the charts."""
+        ms = seconds * 1000.0
+        w = self._waits.get(queue)
+        if w is None:
+            self._waits[queue] = [1, ms, ms]
+        else:
+            w[0] += 1
+            w[1] += ms
+            if ms > w[2]:
+                w[2] = ms
+
     async def flush_counts(self) -> None:
-        if not self._counts:
+        if not self._counts and not self._waits:
             return
         counts, self._counts = self._counts, {}
-        queues = sorted({q for q, _ in counts})
+        waits, self._waits = self._waits, {}
+        queues = sorted({q for q, _ in counts} | set(waits))
+        none = [0, 0.0, 0.0]
         try:
             await self._pool.execute(self._q["throughput_add"], queues,
                                      [counts.get((q, True), 0) for q in queues],
-                                     [counts.get((q, False), 0) for q in queues], self._shard)
+                                     [counts.get((q, False), 0) for q in queues], self._shard,
+                                     [int(waits.get(q, none)[0]) for q in queues],
+                                     [waits.get(q, none)[1] for q in queues],
+                                     [waits.get(q, none)[2] for q in queues])
         except Exception:
             log.warning("could not record throughput counts", exc_info=True)
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
@@ -38,6 +38,7 @@ from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
+from awa.presence import PRESENCE_INTERVAL, Presence
 from awa.model import Job
 from awa.tasks import Registry
 from awa.web.health import HealthServer
@@ -135,6 +136,7 @@ class Runtime:
             Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
                     batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
             CronService(pool, q, c.cron_interval, is_leader),
+            Presence(pool, q, PRESENCE_INTERVAL, self.instance_id, self._presence),
         ]
 
     def service(self, name: str) -> PeriodicService:
@@ -204,13 +206,16 @@ class Runtime:
             await self.health_server.stop()
         try:
             await self.leader.resign()
+            await cast(Presence, self.service("presence")).remove()
         except Exception:
-            log.warning("could not resign leadership", exc_info=True)
+            log.warning("could not resign leadership or remove presence", exc_info=True)
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     # -- running jobs -------------------------------------------------------------------
 
     def _launch(self, job: Job) -> None:
+        if job.attempted_at is not None:
+            self.completer.observe_wait(job.queue, (job.attempted_at - job.run_at).total_seconds())
         task = asyncio.create_task(self._run(job))
         self._job_tasks.add(task)
         task.add_done_callback(self._job_tasks.discard)
@@ -385,6 +390,17 @@ class Runtime:
         metric("awa_maintenance_leader", "gauge", "1 while this process leads maintenance.",
                [("", 1 if self.leader.is_leader else 0)])
         return "\n".join(lines) + "\n"
+
+    def _presence(self) -> dict[str, Any]:
+        in_flight: dict[str, int] = {}
+        for a in self._attempts.values():
+            in_flight[a.queue] = in_flight.get(a.queue, 0) + 1
+        return {"is_leader": self.leader.is_leader, "listening": self.listening,
+                "in_flight": len(self._attempts),
+                "claimed": sum(d.claimed for d in self.dispatchers.values()),
+                "completed": self.completer.completed,
+                "queues": {n: {"max_workers": self.capacity.limit(n),
+                               "in_flight": in_flight.get(n, 0)} for n in self.dispatchers}}
 
     # -- health -------------------------------------------------------------------------
 

@@ -71,10 +71,16 @@ UPDATE awa.jobs SET state = 'available', run_at = now()
 WHERE queue = $1 AND state IN ('scheduled', 'retryable')
 
 -- name: throughput_add
--- Outcome counts a worker process accumulated, added to this minute's row of
--- its own shard (written about once a second, never inside a job's transaction).
-INSERT INTO awa.queue_throughput AS t (queue, minute, shard, completed, failed)
-SELECT q, date_trunc('minute', now()), $4, c, f
-FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(q, c, f)
+-- Outcome counts and pickup latencies a worker process accumulated, added to
+-- this minute's row of its own shard (written about once a second, never
+-- inside a job's transaction).
+INSERT INTO awa.queue_throughput AS t
+    (queue, minute, shard, completed, failed, wait_count, wait_ms_sum, wait_ms_max)
+SELECT q, date_trunc('minute', now()), $4, c, f, wc, ws, wm
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $5::bigint[], $6::float8[], $7::float8[])
+    AS u(q, c, f, wc, ws, wm)
 ON CONFLICT (queue, minute, shard)
-DO UPDATE SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed
+DO UPDATE SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed,
+              wait_count = t.wait_count + EXCLUDED.wait_count,
+              wait_ms_sum = t.wait_ms_sum + EXCLUDED.wait_ms_sum,
+              wait_ms_max = greatest(t.wait_ms_max, EXCLUDED.wait_ms_max)

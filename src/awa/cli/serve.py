@@ -1,0 +1,3 @@
+"""``awa serve``: the web UI."""
+
+from __future__ import annotations
