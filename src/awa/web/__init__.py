@@ -1,4 +1,7 @@
-"""HTTP surfaces: callback ingress (and, later, the web UI)."""
+"""HTTP surfaces: callback ingress, worker health and the web UI.
+
+The UI needs the ``ui`` extra (Starlette); import it from `awa.web.ui`.
+"""
 
 from awa.web.callbacks import callback_app
 

@@ -4,9 +4,12 @@
 -- resolution notifies awa_callback with the job id, to wake a waiting handler.
 
 -- name: callback_register
--- The attempt's newest callback; it supersedes any earlier one.
+-- The attempt's newest callback; it supersedes any earlier one. The job
+-- counts its callbacks (metadata "awa:callback_seq") for "callback #N".
 UPDATE awa.jobs
-SET callback_id = $3, callback_timeout_at = now() + make_interval(secs => $4::float8)
+SET callback_id = $3, callback_timeout_at = now() + make_interval(secs => $4::float8),
+    metadata = jsonb_set(metadata, '{awa:callback_seq}',
+                         to_jsonb(coalesce((metadata ->> 'awa:callback_seq')::int, 0) + 1))
 WHERE id = $1 AND run_lease = $2 AND state = 'running'
 RETURNING id
 

@@ -1,0 +1,157 @@
+"""What the web UI shows, read with bounded queries (see ``db/sql/ui.sql``).
+
+Every function takes a connection and the bound `Queries` and returns plain
+JSON-ready dicts. Counts are capped (``COUNT_CAP``) and lists read a bounded
+window of ids, so a page costs the same with a thousand or a million jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from awa import producer
+from awa.db.queries import Queries
+from awa.model import Job
+from awa.states import TERMINAL, JobState
+
+#: Counts stop here and show as "100,000+".
+COUNT_CAP = 100_000
+#: Rows a jobs page reads at most before filtering (the rest is one click away).
+SCAN_WINDOW = 5_000
+PAGE_SIZE = 50
+#: Longest args preview in lists.
+PREVIEW_CHARS = 160
+MAX_CURSOR = 2**63 - 1
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+async def overview(conn: asyncpg.Connection, q: Queries, minutes: int = 60) -> dict[str, Any]:
+    """Dashboard: counts by state, per-minute series and recent failures."""
+    counts = dict(await conn.fetchrow(q["ui_state_counts"], COUNT_CAP))
+    series = [{"minute": _iso(r["minute"]), "completed": r["completed"], "failed": r["failed"],
+               "wait_ms_avg": r["wait_ms_sum"] / r["wait_count"] if r["wait_count"] else None,
+               "wait_ms_max": r["wait_ms_max"] if r["wait_count"] else None}
+              for r in await conn.fetch(q["ui_series"], minutes, None)]
+    failures = [{"id": r["id"], "kind": r["kind"], "queue": r["queue"], "attempt": r["attempt"],
+                 "max_attempts": r["max_attempts"], "finalized_at": _iso(r["finalized_at"]),
+                 "error": (r["last_error"] or {}).get("error", "")[:300]}
+                for r in await conn.fetch(q["ui_recent_failures"], 10)]
+    return {"counts": counts, "count_cap": COUNT_CAP, "series": series,
+            "recent_failures": failures, "queues": await queues(conn, q)}
+
+
+async def queues(conn: asyncpg.Connection, q: Queries) -> list[dict[str, Any]]:
+    """Every known queue with depth, lag, rate and pause state."""
+    names = [r["queue"] for r in await conn.fetch(q["ui_queue_names"])]
+    out = []
+    for name in names:
+        row = await conn.fetchrow(q["ui_queue_detail"], name, COUNT_CAP)
+        out.append(dict(row))
+    return out
+
+
+def _preview(job: Job) -> dict[str, Any]:
+    args = json.dumps(job.args, separators=(",", ":"))
+    return {"id": job.id, "kind": job.kind, "queue": job.queue, "state": str(job.state),
+            "priority": job.priority, "attempt": job.attempt,
+            "max_attempts": job.max_attempts, "tags": job.tags,
+            "run_at": _iso(job.run_at), "created_at": _iso(job.created_at),
+            "finalized_at": _iso(job.finalized_at),
+            "args_preview": args if len(args) <= PREVIEW_CHARS else args[:PREVIEW_CHARS] + "…"}
+
+
+def _opt(field: str, value: str | None) -> str | None:
+    value = (value or "").strip()
+    return producer.check_name(field, value) if value else None
+
+
+async def jobs_page(conn: asyncpg.Connection, q: Queries, *, state: str | None = None,
+                    queue: str | None = None, kind: str | None = None, tag: str | None = None,
+                    search: str | None = None, cursor: int | None = None) -> dict[str, Any]:
+    """A page of jobs, newest first. ``next_cursor`` continues below this page
+    (also when the scan window ran out before the page filled)."""
+    parsed = JobState.parse(state) if state else None
+    name = ("ui_jobs_all" if parsed is None
+            else "ui_jobs_done" if parsed in TERMINAL else "ui_jobs_active")
+    search = (search or "").strip()[:200] or None
+    below = producer.check_int("cursor", cursor, 1, MAX_CURSOR) if cursor else MAX_CURSOR
+    rows = await conn.fetch(q[name], below, parsed.value if parsed else None,
+                            _opt("queue", queue), _opt("kind", kind), _opt("tag", tag),
+                            search, PAGE_SIZE, SCAN_WINDOW)
+    jobs = [_preview(Job.from_row(r)) for r in rows]
+    next_cursor: int | None = None
+    if len(rows) == PAGE_SIZE:
+        next_cursor = rows[-1]["id"]
+    elif rows and rows[0]["scanned"] == SCAN_WINDOW:
+        next_cursor = rows[0]["scanned_to"]
+    elif not rows:
+        # Nothing matched in this window: offer to look further down if it was full.
+        probe = await conn.fetch(q[name], below, parsed.value if parsed else None,
+                                 None, None, None, None, 1, SCAN_WINDOW)
+        if probe and SCAN_WINDOW <= probe[0]["scanned"]:
+            next_cursor = probe[0]["scanned_to"]
+    return {"jobs": jobs, "next_cursor": next_cursor, "scan_window": SCAN_WINDOW}
+
+
+def timeline(job: Job) -> list[dict[str, Any]]:
+    """The job's life as events: created, each attempt's error, parked, finished."""
+    events: list[dict[str, Any]] = [{"at": _iso(job.created_at), "event": "created",
+                                     "detail": f"queue {job.queue}, priority {job.priority}"}]
+    for err in job.errors:
+        events.append({"at": err.get("at"), "event": f"attempt {err.get('attempt', '?')} error",
+                       "detail": err.get("error", "")})
+    if job.attempted_at is not None:
+        events.append({"at": _iso(job.attempted_at), "event": f"attempt {job.attempt} started",
+                       "detail": ""})
+    if job.state is JobState.WaitingExternal:
+        events.append({"at": _iso(job.attempted_at), "event": "waiting for callback",
+                       "detail": callback_label(job)})
+    if job.finalized_at is not None:
+        events.append({"at": _iso(job.finalized_at), "event": str(job.state), "detail": ""})
+    return sorted(events, key=lambda e: e["at"] or "")
+
+
+def callback_label(job: Job) -> str | None:
+    """'waiting for callback #N' for a parked job (N counts the job's callbacks)."""
+    if job.callback_id is None:
+        return None
+    n = job.metadata.get("awa:callback_seq")
+    number = f" #{n}" if isinstance(n, int) else ""
+    verb = "waiting for" if job.state is JobState.WaitingExternal else "registered"
+    return f"{verb} callback{number} ({job.callback_id})"
+
+
+def job_detail(job: Job, dlq: dict[str, Any] | None) -> dict[str, Any]:
+    """Everything the job page shows."""
+    return {"job": job.to_dict(), "timeline": timeline(job), "callback": callback_label(job),
+            "dlq": dlq}
+
+
+def cron_jobs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Schedules with times as ISO strings."""
+    return [{k: _iso(v) if isinstance(v, datetime) else v for k, v in r.items()} for r in rows]
+
+
+async def runtime(conn: asyncpg.Connection, q: Queries) -> dict[str, Any]:
+    """Live worker processes and the maintenance leader."""
+    from awa.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
+
+    stale_after = PRESENCE_INTERVAL.total_seconds() * STALE_AFTER_INTERVALS
+    workers = []
+    for r in await conn.fetch(q["ui_runtime"]):
+        w = {k: _iso(v) if isinstance(v, datetime) else v for k, v in dict(r).items()}
+        w["stale"] = r["seen_seconds_ago"] > stale_after
+        workers.append(w)
+    leader = await conn.fetchrow(q["ui_leader"])
+    return {"workers": workers,
+            "leader": None if leader is None else {
+                "holder": leader["holder"], "expires_at": _iso(leader["expires_at"]),
+                "live": leader["live"]}}
+

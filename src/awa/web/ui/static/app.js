@@ -1,0 +1,359 @@
+// Awa web UI: a small hash-routed page over the JSON API in api/.
+// No framework and nothing fetched from the internet. Every value from the
+// server goes through esc() before it reaches innerHTML.
+"use strict";
+
+const REFRESH_MS = 2000;
+const state = { config: null, route: null, timer: null };
+const view = () => document.getElementById("view");
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+const fmtN = (n) => (n ?? 0).toLocaleString("en-US");
+const capped = (n) => (n >= state.countCap ? fmtN(n) + "+" : fmtN(n));
+function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso), s = (Date.now() - d.getTime()) / 1000;
+  const rel = Math.abs(s) < 60 ? `${Math.round(Math.abs(s))}s` :
+    Math.abs(s) < 3600 ? `${Math.round(Math.abs(s) / 60)}m` :
+    Math.abs(s) < 86400 ? `${Math.round(Math.abs(s) / 3600)}h` : `${Math.round(Math.abs(s) / 86400)}d`;
+  return `<span title="${esc(d.toISOString())}">${s >= 0 ? rel + " ago" : "in " + rel}</span>`;
+}
+const stateChip = (s) => `<span class="state ${esc(s)}">${esc(s)}</span>`;
+const mut = (html) => (state.config && state.config.read_only ? "" : html);
+const btn = (label, action, args, cls = "") =>
+  mut(`<button type="button" class="${cls}" data-action="${esc(action)}" ` +
+      `data-args='${esc(JSON.stringify(args || {}))}'>${esc(label)}</button>`);
+
+// -- API ------------------------------------------------------------------------------
+
+class AuthError extends Error {}
+
+async function api(path, body) {
+  const headers = { accept: "application/json" };
+  const token = localStorage.getItem("awa-token");
+  if (token) headers.authorization = "Bearer " + token;
+  const opts = { headers };
+  if (body !== undefined) {
+    opts.method = "POST";
+    headers["content-type"] = "application/json";
+    headers["x-awa-request"] = "1";
+    opts.body = JSON.stringify(body);
+  }
+  const res = await fetch("api/" + path, opts);
+  const data = await res.json().catch(() => ({ error: res.statusText }));
+  if (res.status === 401) throw new AuthError(data.error);
+  if (!res.ok) throw new Error(data.error || res.statusText);
+  return data;
+}
+
+function toast(msg, bad = false) {
+  const t = document.getElementById("toast");
+  t.textContent = msg;
+  t.className = bad ? "bad" : "";
+  t.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => (t.hidden = true), 3500);
+}
+
+// -- charts -----------------------------------------------------------------------------
+
+function chart(title, series, key, color, unit) {
+  const w = 300, h = 110, pts = series.map((p) => p[key]);
+  const vals = pts.filter((v) => v !== null && v !== undefined);
+  const max = Math.max(1, ...vals);
+  const x = (i) => (series.length < 2 ? 0 : (i / (series.length - 1)) * w);
+  const y = (v) => h - 4 - (v / max) * (h - 14);
+  let d = "";
+  pts.forEach((v, i) => { if (v !== null && v !== undefined) d += `${d ? "L" : "M"}${x(i).toFixed(1)},${y(v).toFixed(1)}`; });
+  const last = vals.length ? vals[vals.length - 1] : 0;
+  const area = d ? `<path class="area" fill="${color}" d="${d}L${x(pts.length - 1)},${h}L0,${h}Z"/>` : "";
+  return `<div class="card chart"><div class="l">${esc(title)} · last ${series.length} min</div>
+    <div class="n">${fmtN(Math.round(last))}<span class="muted" style="font-size:12px"> ${esc(unit)}</span></div>
+    <svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img" aria-label="${esc(title)}">
+      <line class="axis" x1="0" y1="${h - 4}" x2="${w}" y2="${h - 4}"/>${area}
+      <path class="line" stroke="${color}" d="${d}"/></svg>
+    <div class="muted">peak ${fmtN(Math.round(Math.max(0, ...vals)))} ${esc(unit)}</div></div>`;
+}
+
+// -- views ------------------------------------------------------------------------------
+
+const STATES = ["available", "scheduled", "retryable", "running", "waiting_external",
+  "completed", "failed", "cancelled"];
+
+async function dashboard() {
+  const o = await api("overview");
+  state.countCap = o.count_cap;
+  const c = o.counts;
+  const card = (label, n, href) =>
+    `<a class="card" href="${href}"><div class="n">${capped(n)}</div><div class="l">${esc(label)}</div></a>`;
+  const cssColor = (v) => getComputedStyle(document.documentElement).getPropertyValue(v).trim();
+  return `<h1>Dashboard</h1>
+  <div class="cards" id="counts">
+    ${card("available", c.available, "#/jobs?state=available")}
+    ${card("scheduled", c.scheduled, "#/jobs?state=scheduled")}
+    ${card("retryable", c.retryable, "#/jobs?state=retryable")}
+    ${card("running", c.running, "#/jobs?state=running")}
+    ${card("waiting for callback", c.waiting_external, "#/jobs?state=waiting_external")}
+    ${card("failed", c.failed, "#/jobs?state=failed")}
+    ${card("dead letter queue", c.dlq, "#/dlq")}
+    ${card("completed (last hour)", c.completed_last_hour, "#/jobs?state=completed")}
+  </div>
+  <h2>Over time</h2>
+  <div class="charts">
+    ${chart("Completed per minute", o.series, "completed", cssColor("--ok"), "jobs/min")}
+    ${chart("Failed per minute", o.series, "failed", cssColor("--bad"), "jobs/min")}
+    ${chart("Pickup latency (avg)", o.series, "wait_ms_avg", cssColor("--accent"), "ms")}
+  </div>
+  <h2>Queues</h2>${queueTable(o.queues)}
+  <h2>Recent failures</h2>
+  ${o.recent_failures.length ? `<table><tr><th>id</th><th>kind</th><th>queue</th><th>attempt</th><th>when</th><th>error</th></tr>
+  ${o.recent_failures.map((f) => `<tr><td><a href="#/jobs/${f.id}">${f.id}</a></td><td>${esc(f.kind)}</td>
+    <td>${esc(f.queue)}</td><td>${f.attempt}/${f.max_attempts}</td><td>${when(f.finalized_at)}</td>
+    <td class="mono">${esc(f.error.split("\n")[0])}</td></tr>`).join("")}</table>` :
+    `<p class="muted">No failed jobs.</p>`}`;
+}
+
+function queueTable(queues) {
+  if (!queues.length) return `<p class="muted">No queues yet.</p>`;
+  return `<table id="queues"><tr><th>queue</th><th class="num">available</th><th class="num">running</th>
+    <th class="num">lag</th><th class="num">completed/min</th><th class="num">failed (1h)</th>
+    <th class="num">DLQ</th><th>status</th>${mut("<th></th>")}</tr>
+  ${queues.map((q) => `<tr data-queue="${esc(q.queue)}"><td><a href="#/jobs?queue=${encodeURIComponent(q.queue)}">${esc(q.queue)}</a></td>
+    <td class="num">${capped(q.available)}</td><td class="num">${capped(q.running)}</td>
+    <td class="num">${q.lag_seconds == null ? "—" : q.lag_seconds.toFixed(1) + " s"}</td>
+    <td class="num">${q.completed_per_min.toFixed(1)}</td><td class="num">${fmtN(q.failed_last_hour)}</td>
+    <td class="num">${capped(q.dlq)}</td>
+    <td>${q.paused ? `<span class="state failed">paused</span>` : `<span class="state completed">active</span>`}</td>
+    ${mut(`<td class="row">${q.paused ? btn("Resume", "queue-resume", { name: q.queue }) :
+      btn("Pause", "queue-pause", { name: q.queue })}
+      ${btn("Drain", "queue-drain", { name: q.queue }, "danger")}</td>`)}</tr>`).join("")}</table>`;
+}
+
+async function queuesView() {
+  const r = await api("queues");
+  return `<h1>Queues</h1>${queueTable(r.queues)}`;
+}
+
+function jobRows(jobs, extra) {
+  if (!jobs.length) return `<p class="muted">No jobs match.</p>`;
+  return `<table id="jobs"><tr><th>id</th><th>state</th><th>kind</th><th>queue</th><th>attempt</th>
+    <th>args</th><th>created</th>${extra ? "<th>reason</th>" : ""}</tr>
+  ${jobs.map((j) => `<tr><td><a href="#/jobs/${j.id}">${j.id}</a></td><td>${stateChip(j.state)}</td>
+    <td>${esc(j.kind)}</td><td>${esc(j.queue)}</td><td>${j.attempt}/${j.max_attempts}</td>
+    <td class="mono">${esc(j.args_preview)}</td><td>${when(j.created_at)}</td>
+    ${extra ? `<td>${esc(j.reason)}</td>` : ""}</tr>`).join("")}</table>`;
+}
+
+function filterForm(route, fields) {
+  const p = route.params;
+  const input = (name, ph) =>
+    `<input name="${name}" placeholder="${ph}" value="${esc(p.get(name) || "")}">`;
+  return `<form class="filters" data-filter="${esc(route.name)}">
+    ${fields.includes("state") ? `<select name="state"><option value="">any state</option>
+      ${STATES.map((s) => `<option ${p.get("state") === s ? "selected" : ""}>${s}</option>`).join("")}</select>` : ""}
+    ${input("queue", "queue")}${input("kind", "kind")}${input("tag", "tag")}
+    ${fields.includes("q") ? input("q", "search args, kind, tags") : ""}
+    <button type="submit">Filter</button></form>`;
+}
+
+function pager(route, next) {
+  const p = new URLSearchParams(route.params);
+  const first = p.has("cursor");
+  p.set("cursor", next || "");
+  const base = new URLSearchParams(route.params); base.delete("cursor");
+  return `<div class="pager">${first ? `<a class="btn" href="#/${route.name}?${base}">« newest</a>` : ""}
+    ${next ? `<a class="btn" id="older" href="#/${route.name}?${p}">older »</a>` : ""}</div>`;
+}
+
+async function jobsView(route) {
+  const r = await api("jobs?" + route.params.toString());
+  const failed = route.params.get("state") === "failed";
+  return `<h1>Jobs</h1>${filterForm(route, ["state", "q"])}
+    ${failed ? `<p>${btn("Retry every failed job matching queue/kind", "retry-failed",
+      { queue: route.params.get("queue"), kind: route.params.get("kind") })}</p>` : ""}
+    ${jobRows(r.jobs)}${pager(route, r.next_cursor)}`;
+}
+
+async function jobView(route) {
+  const r = await api("jobs/" + route.id);
+  const j = r.job;
+  const prog = j.progress || {};
+  const pct = typeof prog.percent === "number" ? Math.max(0, Math.min(100, prog.percent)) : null;
+  const canRetry = ["failed", "cancelled", "retryable", "scheduled", "waiting_external"].includes(j.state);
+  const canCancel = !["completed", "failed", "cancelled"].includes(j.state);
+  return `<h1>Job ${j.id} ${stateChip(j.state)}</h1>
+  <div class="row" id="job-actions">${canRetry && !r.dlq ? btn("Retry", "job-retry", { id: j.id }) : ""}
+    ${r.dlq ? btn("Retry from DLQ", "dlq-retry", { id: j.id }) : ""}
+    ${canCancel ? btn("Cancel", "job-cancel", { id: j.id }, "danger") : ""}</div>
+  <h2>Summary</h2>
+  <div class="kv">
+    <div>kind</div><div>${esc(j.kind)}</div><div>queue</div><div>${esc(j.queue)}</div>
+    <div>attempt</div><div>${j.attempt} of ${j.max_attempts}</div>
+    <div>priority</div><div>${j.priority}</div><div>tags</div><div>${esc(j.tags.join(", ") || "—")}</div>
+    <div>run at</div><div>${when(j.run_at)}</div><div>created</div><div>${when(j.created_at)}</div>
+    <div>finished</div><div>${when(j.finalized_at)}</div>
+    <div>callback</div><div id="callback">${esc(r.callback || "—")}</div>
+    ${r.dlq ? `<div>dead-lettered</div><div>${esc(r.dlq.reason)}, ${when(r.dlq.dlq_at)}</div>` : ""}
+    ${j.traceparent ? `<div>trace</div><div class="mono">${esc(j.traceparent)}</div>` : ""}
+  </div>
+  <h2>Progress</h2>${j.progress ? `${pct !== null ? `<div class="progress"><span style="width:${pct}%"></span></div> ${pct}%` : ""}
+    ${prog.message ? `<p>${esc(prog.message)}</p>` : ""}<pre>${esc(JSON.stringify(j.progress, null, 2))}</pre>` : `<p class="muted">None reported.</p>`}
+  <h2>Timeline</h2><ul class="timeline" id="timeline">${r.timeline.map((e) => `<li>
+    <div><b>${esc(e.event)}</b> <span class="when">${when(e.at)}</span></div>
+    ${e.detail ? `<pre>${esc(e.detail)}</pre>` : ""}</li>`).join("")}</ul>
+  <h2>Args</h2><pre id="args">${esc(JSON.stringify(j.args, null, 2))}</pre>
+  <h2>Output</h2>${j.output === null || j.output === undefined ? `<p class="muted">None.</p>` : `<pre>${esc(JSON.stringify(j.output, null, 2))}</pre>`}
+  <h2>Metadata</h2><pre>${esc(JSON.stringify(j.metadata, null, 2))}</pre>`;
+}
+
+async function cronView() {
+  const r = await api("cron");
+  if (!r.cron.length) return `<h1>Cron</h1><p class="muted">No schedules. Declare them with client.periodic(...).</p>`;
+  return `<h1>Cron</h1><table id="cron"><tr><th>name</th><th>schedule</th><th>kind</th><th>queue</th>
+    <th>last fire</th><th>next fire</th><th>status</th>${mut("<th></th>")}</tr>
+  ${r.cron.map((c) => `<tr data-cron="${esc(c.name)}"><td>${esc(c.name)}</td><td class="mono">${esc(c.cron_expr)} ${esc(c.timezone)}</td>
+    <td>${esc(c.kind)}</td><td>${esc(c.queue)}</td><td>${when(c.last_fire_at)}</td><td>${when(c.next_fire_at)}</td>
+    <td>${c.paused ? `<span class="state failed">paused</span>` : `<span class="state completed">active</span>`}</td>
+    ${mut(`<td class="row">${c.paused ? btn("Resume", "cron-resume", { name: c.name }) : btn("Pause", "cron-pause", { name: c.name })}
+      ${btn("Trigger now", "cron-trigger", { name: c.name })}</td>`)}</tr>`).join("")}</table>`;
+}
+
+async function dlqView(route) {
+  const r = await api("dlq?" + route.params.toString());
+  const f = { queue: route.params.get("queue"), kind: route.params.get("kind"), tag: route.params.get("tag") };
+  const filtered = f.queue || f.kind || f.tag;
+  return `<h1>Dead letter queue</h1>${filterForm(route, [])}
+    ${filtered ? `<p class="row">${btn("Retry all matching", "dlq-retry-bulk", f)}
+      ${btn("Purge all matching", "dlq-purge", f, "danger")}</p>` :
+      mut(`<p class="muted">Filter by queue, kind or tag to retry or purge in bulk.</p>`)}
+    ${jobRows(r.jobs, true)}${pager(route, r.next_cursor)}`;
+}
+
+async function runtimeView() {
+  const r = await api("runtime");
+  const l = r.leader;
+  return `<h1>Runtime</h1>
+  <p>Maintenance leader: ${l && l.live ? `<b class="mono" id="leader">${esc(l.holder)}</b> (lease ${when(l.expires_at)})` : `<span class="muted">none</span>`}</p>
+  ${r.workers.length ? `<table id="workers"><tr><th>instance</th><th>host</th><th>pid</th><th>queues</th>
+    <th class="num">in flight</th><th class="num">claimed</th><th class="num">completed</th><th>listen</th><th>started</th><th>seen</th></tr>
+  ${r.workers.map((w) => `<tr class="${w.stale ? "muted" : ""}"><td class="mono">${esc(w.instance_id)} ${w.is_leader ? `<span class="state running">leader</span>` : ""}
+    ${w.stale ? `<span class="state failed">stale</span>` : ""}</td><td>${esc(w.hostname)}</td><td>${w.pid}</td>
+    <td>${Object.entries(w.queues).map(([n, q]) => `${esc(n)} ${q.in_flight}/${q.max_workers}`).join("<br>")}</td>
+    <td class="num">${fmtN(w.in_flight)}</td><td class="num">${fmtN(w.claimed)}</td><td class="num">${fmtN(w.completed)}</td>
+    <td>${w.listening ? "LISTEN" : "polling"}</td><td>${when(w.started_at)}</td><td>${when(w.last_seen_at)}</td></tr>`).join("")}</table>` :
+    `<p class="muted">No worker processes are running.</p>`}`;
+}
+
+function loginView(message) {
+  return `<div class="login card"><h1>Access token</h1><p class="muted">${esc(message || "This Awa UI is protected.")}</p>
+    <form id="login" class="row"><input name="token" type="password" placeholder="token" autofocus>
+    <button type="submit">Open</button></form></div>`;
+}
+
+// -- routing and actions ---------------------------------------------------------------
+
+const VIEWS = { dashboard, jobs: jobsView, job: jobView, queues: queuesView, cron: cronView,
+  dlq: dlqView, runtime: runtimeView };
+
+function parseRoute() {
+  const raw = location.hash.replace(/^#\/?/, "");
+  const [path, query] = raw.split("?");
+  const parts = path.split("/").filter(Boolean);
+  const params = new URLSearchParams(query || "");
+  if (parts[0] === "jobs" && parts[1]) return { name: "job", id: parts[1], params };
+  return { name: VIEWS[parts[0]] ? parts[0] : "dashboard", params };
+}
+
+async function render(live = false) {
+  const route = parseRoute();
+  state.route = route;
+  document.querySelectorAll("nav a").forEach((a) =>
+    a.classList.toggle("active", a.dataset.nav === (route.name === "job" ? "jobs" : route.name)));
+  try {
+    if (!state.config) state.config = await api("config");
+    document.getElementById("mode").hidden = !state.config.read_only;
+    const html = await VIEWS[route.name](route);
+    if (state.route !== route) return; // navigated meanwhile
+    view().innerHTML = html;
+    view().dataset.view = route.name;
+    document.getElementById("live").className = "live";
+  } catch (e) {
+    if (e instanceof AuthError) {
+      stopLive();
+      view().innerHTML = loginView(localStorage.getItem("awa-token") ? "That token was not accepted." : "");
+      return;
+    }
+    document.getElementById("live").className = "live off";
+    if (!live) view().innerHTML = `<p class="muted">Could not load: ${esc(e.message)}</p>`;
+  }
+}
+
+const ACTIONS = {
+  "job-retry": (a) => api(`jobs/${a.id}/retry`, {}),
+  "job-cancel": (a) => confirm(`Cancel job ${a.id}?`) && api(`jobs/${a.id}/cancel`, {}),
+  "retry-failed": (a) => confirm("Retry every matching failed job?") && api("jobs/retry-failed", a),
+  "queue-pause": (a) => api(`queues/${encodeURIComponent(a.name)}/pause`, {}),
+  "queue-resume": (a) => api(`queues/${encodeURIComponent(a.name)}/resume`, {}),
+  "queue-drain": (a) => confirm(`Cancel every queued job of ${a.name}?`) &&
+    api(`queues/${encodeURIComponent(a.name)}/drain`, {}),
+  "cron-pause": (a) => api(`cron/${encodeURIComponent(a.name)}/pause`, {}),
+  "cron-resume": (a) => api(`cron/${encodeURIComponent(a.name)}/resume`, {}),
+  "cron-trigger": (a) => api(`cron/${encodeURIComponent(a.name)}/trigger`, {}),
+  "dlq-retry": (a) => api(`dlq/${a.id}/retry`, {}),
+  "dlq-retry-bulk": (a) => confirm("Retry every matching dead-lettered job?") && api("dlq/retry", a),
+  "dlq-purge": (a) => confirm("Delete every matching dead-lettered job for good?") && api("dlq/purge", a),
+};
+
+document.addEventListener("click", async (ev) => {
+  const b = ev.target.closest("button[data-action]");
+  if (!b) return;
+  b.disabled = true;
+  try {
+    const result = await ACTIONS[b.dataset.action](JSON.parse(b.dataset.args));
+    if (result) toast(b.textContent.trim() + ": done");
+  } catch (e) {
+    toast(e.message, true);
+  } finally {
+    b.disabled = false;
+    render(true);
+  }
+});
+
+document.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const form = ev.target;
+  if (form.id === "login") {
+    localStorage.setItem("awa-token", new FormData(form).get("token"));
+    state.config = null;
+    startLive();
+    render();
+    return;
+  }
+  const params = new URLSearchParams();
+  for (const [k, v] of new FormData(form)) if (v) params.set(k, v);
+  location.hash = `#/${form.dataset.filter}?${params}`;
+});
+
+document.getElementById("theme").addEventListener("click", () => {
+  const dark = getComputedStyle(document.documentElement).colorScheme === "dark";
+  const next = dark ? "light" : "dark";
+  document.documentElement.dataset.theme = next;
+  localStorage.setItem("awa-theme", next);
+  render(true);
+});
+
+function startLive() {
+  stopLive();
+  state.timer = setInterval(() => {
+    const busy = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+    if (!document.hidden && !busy) render(true);
+  }, REFRESH_MS);
+}
+function stopLive() { clearInterval(state.timer); state.timer = null; }
+
+window.addEventListener("hashchange", () => render());
+startLive();
+render();
