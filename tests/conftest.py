@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -127,3 +129,14 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 def awa_database_url(database_url: str) -> str:
     """Point the `awa.testing` plugin's ``awa_client`` fixture at the test's database."""
     return database_url
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """List the web UI screenshots the browser tests took in this run."""
+    shots = Path(__file__).resolve().parent.parent / "build" / "ui-screenshots"
+    fresh = sorted(p for p in shots.glob("*.png") if p.stat().st_mtime >= _STARTED)
+    if fresh:
+        terminalreporter.write_line("web UI screenshots: " + ", ".join(str(p) for p in fresh))
+
+
+_STARTED = time.time()

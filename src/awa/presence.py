@@ -10,7 +10,7 @@ import json
 import os
 import socket
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -19,7 +19,7 @@ from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
 
 #: How often a worker refreshes its row.
-PRESENCE_INTERVAL = timedelta(seconds=5)
+PRESENCE_INTERVAL = timedelta(seconds=2)
 #: A row not refreshed for this many intervals is shown as stale.
 STALE_AFTER_INTERVALS = 3
 
@@ -36,7 +36,7 @@ class Presence(PeriodicService):
         self._pool, self._q = pool, q
         self._instance_id = instance_id
         self._snapshot = snapshot
-        self._started_at = datetime.now(timezone.utc)
+        self._started_at = datetime.now(UTC)
 
     async def run_once(self) -> None:
         from awa import __version__

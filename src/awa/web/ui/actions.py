@@ -91,9 +91,10 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
     async def dlq(request: Request) -> Response:
         client = await state.client()
         p = request.query_params
+        f = _filters(p)
         entries = await client.list_dlq(
-            before_id=_int(request, "cursor") if p.get("cursor") else None,
-            limit=data.PAGE_SIZE, **_filters(p))
+            kind=f["kind"], queue=f["queue"], tag=f["tag"], limit=data.PAGE_SIZE,
+            before_id=_int(request, "cursor") if p.get("cursor") else None)
         rows = [{**data._preview(e.job), "reason": e.reason, "dlq_at": e.dlq_at.isoformat()}
                 for e in entries]
         more = len(rows) == data.PAGE_SIZE
@@ -156,11 +157,14 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         return JSONResponse({"ok": True})
 
     async def dlq_retry_bulk(request: Request) -> Response:
-        n = await (await state.client()).bulk_retry_from_dlq(**_filters(await _body(request)))
+        f = _filters(await _body(request))
+        n = await (await state.client()).bulk_retry_from_dlq(kind=f["kind"], queue=f["queue"],
+                                                             tag=f["tag"])
         return JSONResponse({"ok": True, "retried": n})
 
     async def dlq_purge(request: Request) -> Response:
-        n = await (await state.client()).purge_dlq(**_filters(await _body(request)))
+        f = _filters(await _body(request))
+        n = await (await state.client()).purge_dlq(kind=f["kind"], queue=f["queue"], tag=f["tag"])
         return JSONResponse({"ok": True, "purged": n})
 
     reads: list[tuple[str, Handler]] = [

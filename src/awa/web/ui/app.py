@@ -25,6 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from awa.client import AsyncClient
+from awa.db.pool import Conn
 from awa.errors import AwaError, JobNotFound, ValidationError
 from awa.web.ui import actions
 
@@ -58,7 +59,7 @@ class UiState:
         return self._client
 
     @asynccontextmanager
-    async def reading(self) -> AsyncIterator[asyncpg.Connection]:
+    async def reading(self) -> AsyncIterator[Conn]:
         """A read-only transaction with a statement timeout."""
         pool = await (await self.client()).pool()
         async with pool.acquire() as conn, conn.transaction(readonly=True):
@@ -137,7 +138,7 @@ def ui_app(database_url: str | None = None, *, client: AsyncClient | None = None
                              "authorized": _authorized(state, request), "version": __version__})
 
     reads, writes = actions.routes(state)
-    routes = [Route("/", index), Route("/api/config", config)]
+    routes: list[Route | Mount] = [Route("/", index), Route("/api/config", config)]
     routes += [Route(path, _guard(state, h, mutation=False)) for path, h in reads]
     routes += [Route(path, _guard(state, h, mutation=True), methods=["POST"])
                for path, h in writes]

@@ -8,12 +8,11 @@ window of ids, so a page costs the same with a thousand or a million jobs.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
-
 from awa import producer
+from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.model import Job
 from awa.states import TERMINAL, JobState
@@ -32,13 +31,19 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-async def overview(conn: asyncpg.Connection, q: Queries, minutes: int = 60) -> dict[str, Any]:
+async def overview(conn: Conn, q: Queries, minutes: int = 60) -> dict[str, Any]:
     """Dashboard: counts by state, per-minute series and recent failures."""
-    counts = dict(await conn.fetchrow(q["ui_state_counts"], COUNT_CAP))
-    series = [{"minute": _iso(r["minute"]), "completed": r["completed"], "failed": r["failed"],
-               "wait_ms_avg": r["wait_ms_sum"] / r["wait_count"] if r["wait_count"] else None,
-               "wait_ms_max": r["wait_ms_max"] if r["wait_count"] else None}
-              for r in await conn.fetch(q["ui_series"], minutes, None)]
+    counts = dict(await conn.fetchrow(q["ui_state_counts"], COUNT_CAP) or {})
+    rows = {r["minute"]: r for r in await conn.fetch(q["ui_series"], minutes, None)}
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    series = []
+    for minute in (now - timedelta(minutes=i) for i in range(minutes - 1, -1, -1)):
+        r = rows.get(minute)
+        waits = r["wait_count"] if r else 0
+        series.append({"minute": _iso(minute), "completed": r["completed"] if r else 0,
+                       "failed": r["failed"] if r else 0,
+                       "wait_ms_avg": r["wait_ms_sum"] / waits if r and waits else None,
+                       "wait_ms_max": r["wait_ms_max"] if r and waits else None})
     failures = [{"id": r["id"], "kind": r["kind"], "queue": r["queue"], "attempt": r["attempt"],
                  "max_attempts": r["max_attempts"], "finalized_at": _iso(r["finalized_at"]),
                  "error": (r["last_error"] or {}).get("error", "")[:300]}
@@ -47,13 +52,12 @@ async def overview(conn: asyncpg.Connection, q: Queries, minutes: int = 60) -> d
             "recent_failures": failures, "queues": await queues(conn, q)}
 
 
-async def queues(conn: asyncpg.Connection, q: Queries) -> list[dict[str, Any]]:
+async def queues(conn: Conn, q: Queries) -> list[dict[str, Any]]:
     """Every known queue with depth, lag, rate and pause state."""
     names = [r["queue"] for r in await conn.fetch(q["ui_queue_names"])]
     out = []
     for name in names:
-        row = await conn.fetchrow(q["ui_queue_detail"], name, COUNT_CAP)
-        out.append(dict(row))
+        out.append(dict(await conn.fetchrow(q["ui_queue_detail"], name, COUNT_CAP) or {}))
     return out
 
 
@@ -72,7 +76,7 @@ def _opt(field: str, value: str | None) -> str | None:
     return producer.check_name(field, value) if value else None
 
 
-async def jobs_page(conn: asyncpg.Connection, q: Queries, *, state: str | None = None,
+async def jobs_page(conn: Conn, q: Queries, *, state: str | None = None,
                     queue: str | None = None, kind: str | None = None, tag: str | None = None,
                     search: str | None = None, cursor: int | None = None) -> dict[str, Any]:
     """A page of jobs, newest first. ``next_cursor`` continues below this page
@@ -139,7 +143,7 @@ def cron_jobs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: _iso(v) if isinstance(v, datetime) else v for k, v in r.items()} for r in rows]
 
 
-async def runtime(conn: asyncpg.Connection, q: Queries) -> dict[str, Any]:
+async def runtime(conn: Conn, q: Queries) -> dict[str, Any]:
     """Live worker processes and the maintenance leader."""
     from awa.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
 

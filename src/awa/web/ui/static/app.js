@@ -66,15 +66,18 @@ function chart(title, series, key, color, unit) {
   const max = Math.max(1, ...vals);
   const x = (i) => (series.length < 2 ? 0 : (i / (series.length - 1)) * w);
   const y = (v) => h - 4 - (v / max) * (h - 14);
-  let d = "";
-  pts.forEach((v, i) => { if (v !== null && v !== undefined) d += `${d ? "L" : "M"}${x(i).toFixed(1)},${y(v).toFixed(1)}`; });
+  const xy = [];
+  pts.forEach((v, i) => { if (v !== null && v !== undefined) xy.push([x(i), y(v)]); });
+  const d = xy.map(([a, b], i) => `${i ? "L" : "M"}${a.toFixed(1)},${b.toFixed(1)}`).join("");
   const last = vals.length ? vals[vals.length - 1] : 0;
-  const area = d ? `<path class="area" fill="${color}" d="${d}L${x(pts.length - 1)},${h}L0,${h}Z"/>` : "";
+  const area = xy.length > 1 ? `<path class="area" fill="${color}" d="M${xy[0][0]},${h}` +
+    xy.map(([a, b]) => `L${a.toFixed(1)},${b.toFixed(1)}`).join("") + `L${xy[xy.length - 1][0]},${h}Z"/>` : "";
+  const dot = xy.length === 1 ? `<circle cx="${xy[0][0]}" cy="${xy[0][1]}" r="3" fill="${color}"/>` : "";
   return `<div class="card chart"><div class="l">${esc(title)} · last ${series.length} min</div>
     <div class="n">${fmtN(Math.round(last))}<span class="muted" style="font-size:12px"> ${esc(unit)}</span></div>
     <svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img" aria-label="${esc(title)}">
       <line class="axis" x1="0" y1="${h - 4}" x2="${w}" y2="${h - 4}"/>${area}
-      <path class="line" stroke="${color}" d="${d}"/></svg>
+      <path class="line" stroke="${color}" d="${d}"/>${dot}</svg>
     <div class="muted">peak ${fmtN(Math.round(Math.max(0, ...vals)))} ${esc(unit)}</div></div>`;
 }
 

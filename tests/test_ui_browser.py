@@ -1,0 +1,159 @@
+"""The web UI in a real headless Chromium (Debian's ``chromium`` package).
+
+Skipped, with the reason, when no Chromium is installed; ``.ci/run`` installs
+it. Screenshots go to ``build/ui-screenshots/`` and are listed at the end of
+the test run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.helpers import ROOT, wait_until
+from tests.ui_helpers import Email, seed, serving
+
+import awa
+from awa.web.ui import ui_app
+
+playwright_api = pytest.importorskip("playwright.async_api")
+CHROMIUM = os.environ.get("AWA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip("no Chromium: apt-get install chromium (or set AWA_CHROMIUM)",
+                allow_module_level=True)
+
+SHOTS = ROOT / "build" / "ui-screenshots"
+#: Flags that keep Chromium off the network it cannot reach here.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+async def page() -> AsyncIterator[Any]:
+    async with playwright_api.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        pg = await context.new_page()
+        pg.on("dialog", lambda d: d.accept())  # confirm() prompts say yes
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        yield pg
+        await browser.close()
+        assert errors == [], f"JavaScript errors: {errors}"
+
+
+def shot(name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    return SHOTS / f"{name}.png"
+
+
+async def open_view(page: Any, url: str, view: str) -> None:
+    await page.goto(url)
+    await page.wait_for_selector(f'main[data-view="{view}"]')
+
+
+async def test_every_page_with_real_data(client: awa.AsyncClient, page: Any) -> None:
+    s = await seed(client)
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/", "dashboard")
+        await page.wait_for_function(  # outcome counts are flushed about once a second
+            "document.querySelector('#counts .card:last-child .n').textContent !== '0'")
+        assert "does not exist" in await page.inner_text("main")
+        await page.screenshot(path=shot("dashboard"), full_page=True)
+
+        await open_view(page, f"{base}/#/jobs?state=failed", "jobs")
+        assert await page.locator("#jobs tr").count() == 2  # header + the failed job
+        await page.click(f'a[href="#/jobs/{s.failed_id}"]')
+        await page.wait_for_selector('main[data-view="job"] #timeline')
+        assert "TerminalError" in await page.inner_text("#timeline")
+        await page.screenshot(path=shot("job-failed"), full_page=True)
+
+        await open_view(page, f"{base}/#/jobs/{s.waiting_id}", "job")
+        assert (await page.inner_text("#callback")).startswith("waiting for callback #1")
+        await open_view(page, f"{base}/#/jobs/{s.completed_id}", "job")
+        assert "delivered" in await page.inner_text("main")
+
+        await open_view(page, f"{base}/#/queues", "queues")
+        assert await page.locator('#queues tr[data-queue="reports"]').count() == 1
+        await open_view(page, f"{base}/#/cron", "cron")
+        assert "0 3 * * *" in await page.inner_text("#cron")
+        await open_view(page, f"{base}/#/runtime", "runtime")
+        await page.wait_for_selector("#workers >> text=leader", timeout=10_000)
+        await open_view(page, f"{base}/#/dlq", "dlq")
+        assert "No jobs match" in await page.inner_text("main")
+
+        # Dark theme, remembered across reloads.
+        await page.click("#theme")
+        await page.reload()
+        await page.wait_for_selector('main[data-view="dlq"]')
+        assert await page.evaluate("document.documentElement.dataset.theme") == "dark"
+        await open_view(page, f"{base}/#/", "dashboard")
+        await page.screenshot(path=shot("dashboard-dark"), full_page=True)
+    await client.shutdown()
+
+
+async def test_retry_a_failed_job_and_pause_a_queue(client: awa.AsyncClient, page: Any) -> None:
+    s = await seed(client)
+    await client.shutdown()  # keep the retried job where the test can see it
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/jobs/{s.failed_id}", "job")
+        await page.click('#job-actions button[data-action="job-retry"]')
+        await wait_until(lambda: _state_is(client, s.failed_id, awa.JobState.Available),
+                         message="the UI's retry to reach the database")
+        await page.wait_for_function("document.querySelector('h1 .state').textContent"
+                                     " === 'available'")
+
+        await open_view(page, f"{base}/#/queues", "queues")
+        await page.click('tr[data-queue="reports"] button[data-action="queue-pause"]')
+        pool = await client.pool()
+        await wait_until(lambda: pool.fetchval(
+            "SELECT paused FROM awa.queues WHERE queue = 'reports'"), message="pause")
+        await page.wait_for_selector('tr[data-queue="reports"] button[data-action="queue-resume"]')
+
+
+async def _state_is(client: awa.AsyncClient, job_id: int, state: awa.JobState) -> bool:
+    return (await client.get_job(job_id)).state is state
+
+
+async def test_live_updates_without_reload(client: awa.AsyncClient, page: Any) -> None:
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/", "dashboard")
+        assert (await page.inner_text("#counts .card >> nth=0")).startswith("0")
+        await page.evaluate("window.__sameDocument = true")
+        await client.insert_many_copy([Email(f"u{i}@example.com") for i in range(3)])
+        await page.wait_for_function(
+            "document.querySelector('#counts .card .n').textContent === '3'", timeout=10_000)
+        assert await page.evaluate("window.__sameDocument") is True  # no reload happened
+
+
+async def test_read_only_hides_and_refuses(client: awa.AsyncClient, page: Any) -> None:
+    s = await seed(client)
+    await client.shutdown()
+    async with serving(ui_app(client=client, read_only=True)) as base:
+        for url, view in ((f"#/jobs/{s.failed_id}", "job"), ("#/queues", "queues"),
+                          ("#/cron", "cron"), ("#/jobs?state=failed", "jobs"), ("#/dlq", "dlq")):
+            await open_view(page, f"{base}/{url}", view)
+            assert await page.locator("button[data-action]").count() == 0, url
+        assert await page.is_visible("#mode")
+        status = await page.evaluate(
+            """async (id) => (await fetch(`api/jobs/${id}/retry`, {method: 'POST',
+                 headers: {'x-awa-request': '1'}})).status""", s.failed_id)
+        assert status == 403
+    assert (await client.get_job(s.failed_id)).state is awa.JobState.Failed
+
+
+async def test_access_token_login(client: awa.AsyncClient, page: Any) -> None:
+    await client.insert(Email("a@example.com"))
+    async with serving(ui_app(client=client, token="open-sesame")) as base:
+        await page.goto(f"{base}/#/jobs")
+        await page.wait_for_selector("#login")
+        await page.fill("#login input", "wrong")
+        await page.click("#login button")
+        await page.wait_for_selector("text=That token was not accepted")
+        await page.fill("#login input", "open-sesame")
+        await page.click("#login button")
+        await page.wait_for_selector('main[data-view="jobs"] #jobs')
