@@ -17,7 +17,9 @@ from typing import Any
 import click
 
 import awa
+from awa.cli.progress import Bar, bars_enabled
 from awa.db import migrations
+from awa.db.errors import translated
 from awa.errors import AwaError
 
 
@@ -49,10 +51,19 @@ def migrate(obj: dict[str, Any], print_sql: bool) -> None:
             click.echo(f"-- {version:04d} {description}\n{sql}")
         return
 
+    def step(done: int, total: int) -> None:
+        bar.set_total(total)
+        if done:
+            bar.advance()
+
     async def go() -> list[int]:
         async with awa.AsyncClient(obj["url"], max_connections=1, schema=obj["schema"]) as c:
-            return await c.migrate()
-    applied = _run(go())
+            pool = await c.pool()
+            with translated():
+                async with pool.acquire() as conn:  # one transaction, one advisory lock
+                    return await migrations.apply(conn, c.schema, progress=step)
+    with Bar("migrating", enabled=bars_enabled()) as bar:
+        applied = _run(go())
     click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
 
 

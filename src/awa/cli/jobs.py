@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+import awa
+from awa import bulk
 from awa.cli import main
 from awa.cli.output import JOB_COLUMNS, confirm, emit, fail, run_with_client
+from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -80,26 +83,33 @@ def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, as_json: bool) -> No
 @job.command("retry-failed")
 @click.option("--kind", default=None)
 @click.option("--queue", default=None)
+@chunk_option
 @yes_option
 @json_option
 @click.pass_obj
-def job_retry_failed(obj: dict[str, Any], kind: str | None, queue: str | None, yes: bool,
-                     as_json: bool) -> None:
-    """Retry every failed job of one kind or one queue."""
-    confirm(yes, f"Retry all failed jobs of {'kind ' + kind if kind else 'queue ' + str(queue)}?")
-    result = run_with_client(obj, lambda c: c.retry_failed(kind=kind, queue=queue))
-    emit({"retried": result.matched} if not as_json else result, as_json)
+def job_retry_failed(obj: dict[str, Any], kind: str | None, queue: str | None,
+                     chunk_size: int, yes: bool, as_json: bool) -> None:
+    """Retry every failed job of one kind or one queue, a chunk per transaction."""
+    action = checked_action(lambda: bulk.retry_failed(kind=kind, queue=queue))
+    what = f"kind {kind}" if kind else f"queue {queue}"
+    run_bulk(obj, action, verb="retried", doing="retrying",
+             prompt=f"Retry {{n}} failed jobs of {what}?", yes=yes, chunk_size=chunk_size,
+             as_json=as_json)
 
 
 @job.command("discard")
 @click.option("--kind", required=True)
+@chunk_option
 @yes_option
 @json_option
 @click.pass_obj
-def job_discard(obj: dict[str, Any], kind: str, yes: bool, as_json: bool) -> None:
-    """Delete the failed jobs of a kind."""
-    confirm(yes, f"Delete all failed jobs of kind {kind}?")
-    emit({"discarded": run_with_client(obj, lambda c: c.discard_failed(kind))}, as_json)
+def job_discard(obj: dict[str, Any], kind: str, chunk_size: int, yes: bool,
+                as_json: bool) -> None:
+    """Delete the failed jobs of a kind, a chunk per transaction."""
+    action = checked_action(lambda: bulk.discard_failed(kind))
+    run_bulk(obj, action, verb="discarded", doing="discarding",
+             prompt=f"Delete {{n}} failed jobs of kind {kind}?", yes=yes,
+             chunk_size=chunk_size, as_json=as_json)
 
 
 @main.command()
@@ -108,11 +118,13 @@ def job_discard(obj: dict[str, Any], kind: str, yes: bool, as_json: bool) -> Non
 @click.option("--queue", default="default", show_default=True)
 @click.option("--priority", default=2, show_default=True)
 @click.option("--count", default=1, show_default=True, help="How many copies to enqueue.")
+@click.option("--chunk-size", type=click.IntRange(1, 100_000), default=5000,
+              show_default=True, help="Jobs per COPY (one progress step each).")
 @json_option
 @click.pass_obj
 def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority: int,
-            count: int, as_json: bool) -> None:
-    """Enqueue ad-hoc jobs of KIND."""
+            count: int, chunk_size: int, as_json: bool) -> None:
+    """Enqueue ad-hoc jobs of KIND (many copies go in by COPY, a chunk at a time)."""
     try:
         args = json.loads(args_json)
     except ValueError as exc:
@@ -121,18 +133,19 @@ def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority
         fail("--args must be a JSON object")
     if count < 1:
         fail("--count must be at least 1")
+    if count == 1:
+        emit(run_with_client(obj, lambda c: c.insert(args, kind=kind, queue=queue,
+                                                     priority=priority)), as_json)
+        return
 
-    async def go(c: Any) -> Any:
-        if count == 1:
-            return await c.insert(args, kind=kind, queue=queue, priority=priority)
-        progress: Any = click.progressbar(length=count, label="enqueueing", file=sys.stderr)
-        with progress as bar:
-            done = 0
-            while done < count:
-                n = min(5000, count - done)
-                await c.enqueue_many_copy([args] * n, kind=kind, queue=queue,
-                                          priority=priority)
-                done += n
-                bar.update(n)
-        return {"enqueued": count}
-    emit(run_with_client(obj, go), as_json)
+    async def work(c: awa.AsyncClient, step: Callable[[int], None]) -> int:
+        sent = inserted = 0
+        while sent < count:
+            n = min(chunk_size, count - sent)
+            done = await c.enqueue_many_copy([args] * n, kind=kind, queue=queue,
+                                             priority=priority)
+            sent, inserted = sent + n, inserted + done
+            step(done)
+        return inserted
+    inserted = chunked(obj, "enqueueing", count, as_json, work)
+    emit({"enqueued": inserted} if as_json else f"enqueued {inserted} jobs", as_json)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.error
+import urllib.request
 from typing import Any
 
 import click
 
+import awa
+from awa import bulk
 from awa.cli import main
 from awa.cli.jobs import json_option, yes_option
 from awa.cli.output import JOB_COLUMNS, confirm, emit, fail, run_with_client
+from awa.cli.progress import checked_action, chunk_option, run_bulk
+from awa.errors import SchemaNotMigrated
+from awa.web.health import parse_addr
 
 
 @main.group()
@@ -116,15 +125,24 @@ def dlq_retry(obj: dict[str, Any], job_id: int, queue: str | None, priority: int
 @dlq.command("retry-bulk")
 @_filters
 @click.option("--all", "allow_all", is_flag=True, help="Allow no filter.")
+@chunk_option
 @yes_option
+@json_option
 @click.pass_obj
 def dlq_retry_bulk(obj: dict[str, Any], kind: str | None, queue: str | None, tag: str | None,
-                   allow_all: bool, yes: bool) -> None:
-    """Re-enqueue every matching dead-lettered job."""
-    confirm(yes, "Retry all matching dead-lettered jobs?")
-    n = run_with_client(obj, lambda c: c.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag,
-                                                             allow_all=allow_all))
-    click.echo(f"retried {n} jobs")
+                   allow_all: bool, chunk_size: int, yes: bool, as_json: bool) -> None:
+    """Re-enqueue every matching dead-lettered job, a chunk per transaction."""
+    _need_filter("dlq retry-bulk", allow_all, kind, queue, tag)
+    action = checked_action(lambda: bulk.retry_dlq(kind=kind, queue=queue, tag=tag,
+                                                   allow_all=allow_all))
+    run_bulk(obj, action, verb="retried", doing="retrying",
+             prompt="Retry {n} dead-lettered jobs?", yes=yes, chunk_size=chunk_size,
+             as_json=as_json)
+
+
+def _need_filter(command: str, allow_all: bool, *filters: str | None) -> None:
+    if not allow_all and all(f is None for f in filters):
+        fail(f"{command} needs --kind, --queue or --tag (or --all for every job)")
 
 
 @dlq.command("move")
@@ -144,18 +162,25 @@ def dlq_move(obj: dict[str, Any], job_id: int, reason: str, yes: bool) -> None:
 @_filters
 @click.option("--id", "job_id", type=int, default=None, help="Purge only this job.")
 @click.option("--all", "allow_all", is_flag=True, help="Allow no filter.")
+@chunk_option
 @yes_option
+@json_option
 @click.pass_obj
 def dlq_purge(obj: dict[str, Any], kind: str | None, queue: str | None, tag: str | None,
-              job_id: int | None, allow_all: bool, yes: bool) -> None:
-    """Delete dead-lettered jobs."""
-    confirm(yes, "Delete the matching dead-lettered jobs for good?")
+              job_id: int | None, allow_all: bool, chunk_size: int, yes: bool,
+              as_json: bool) -> None:
+    """Delete dead-lettered jobs for good, a chunk per transaction."""
     if job_id is not None:
+        confirm(yes, f"Delete dead-lettered job {job_id} for good?")
         n = int(run_with_client(obj, lambda c: c.purge_dlq_job(job_id)))
-    else:
-        n = run_with_client(obj, lambda c: c.purge_dlq(kind=kind, queue=queue, tag=tag,
-                                                       allow_all=allow_all))
-    click.echo(f"purged {n} jobs")
+        emit({"purged": n} if as_json else f"purged {n} jobs", as_json)
+        return
+    _need_filter("dlq purge", allow_all, kind, queue, tag)
+    action = checked_action(lambda: bulk.purge_dlq(kind=kind, queue=queue, tag=tag,
+                                                   allow_all=allow_all))
+    run_bulk(obj, action, verb="purged", doing="purging",
+             prompt="Delete {n} dead-lettered jobs for good?", yes=yes,
+             chunk_size=chunk_size, as_json=as_json)
 
 
 @main.group()
@@ -191,11 +216,87 @@ for _verb, _method in (("pause", "pause_cron_job"), ("resume", "resume_cron_job"
 
 
 @main.command()
+@click.option("--addr", envvar="AWA_HEALTH_ADDR", default=None, metavar="HOST:PORT",
+              help="Ask a running worker's health listener (/readyz) instead of checking "
+                   "the database (default: $AWA_HEALTH_ADDR).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="Seconds to wait for an answer.")
 @json_option
 @click.pass_obj
-def health(obj: dict[str, Any], as_json: bool) -> None:
-    """Database reachable and schema up to date: exit 0, else 1."""
-    async def check(c: Any) -> dict[str, Any]:
-        version = await c.check_schema()
-        return {"healthy": True, "postgres_connected": True, "schema_version": version}
-    emit(run_with_client(obj, check), as_json)
+def health(obj: dict[str, Any], addr: str | None, timeout: float, as_json: bool) -> None:
+    """Exit 0 when healthy, else 1: a worker's /readyz with --addr, else database and schema."""
+    if addr:
+        _worker_ready(addr, timeout, as_json)
+        return
+
+    async def check() -> int:
+        async with awa.AsyncClient(obj["url"], max_connections=1, schema=obj["schema"]) as c:
+            return await c.check_schema()
+    try:
+        version = asyncio.run(asyncio.wait_for(check(), timeout))
+    except TimeoutError:
+        fail(f"database did not answer within {timeout:g}s")
+    except SchemaNotMigrated as exc:
+        fail(_first_line(exc))
+    except Exception as exc:  # a probe reports every failure as one line, never a traceback
+        fail(f"database unreachable: {_first_line(exc)}")
+    emit({"healthy": True, "postgres_connected": True, "schema_version": version}, as_json)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def readyz_url(addr: str) -> str:
+    """The /readyz URL for ``host:port`` (a wildcard bind address means this machine)."""
+    if addr.startswith(("http://", "https://")):
+        return addr.rstrip("/") + "/readyz"
+    host, port = parse_addr(addr)
+    host = host.strip("[]")
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/readyz"
+
+
+def fetch_readiness(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
+    """GET ``url`` directly (no proxy): the HTTP status and the JSON object it answered."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{url} answered HTTP {status} without a health payload")
+    return status, payload
+
+
+def _worker_ready(addr: str, timeout: float, as_json: bool) -> None:
+    try:
+        url = readyz_url(addr)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        status, payload = fetch_readiness(url, timeout)
+    except ValueError as exc:
+        fail(str(exc))
+    except OSError as exc:  # refused, unknown host, timed out (URLError is an OSError)
+        reason = getattr(exc, "reason", None) or exc
+        fail(f"cannot reach the health listener at {addr}: {reason}")
+    failing = [k for k, v in payload.items()
+               if (k == "shutting_down" and v is True)
+               or (k not in ("ready", "shutting_down") and v is False)]
+    if as_json:
+        emit(payload, True)
+    else:
+        rows = [{"check": k, "value": v, "ok": "FAIL" if k in failing else "ok"}
+                for k, v in payload.items() if k != "ready"]
+        emit(rows, False, ("check", "value", "ok"),
+             title=f"worker {addr}: {'ready' if status == 200 else 'not ready'}")
+    if status != 200 or payload.get("ready") is not True:
+        fail(f"worker at {addr} is not ready (HTTP {status}): "
+             f"{', '.join(failing) or 'no failing check named'}")

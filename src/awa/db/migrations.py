@@ -9,6 +9,7 @@ each migration exactly once; a database that is ahead of this code is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 
@@ -70,8 +71,13 @@ def pending_sql(from_version: int, schema: str = "awa") -> list[tuple[int, str, 
     return [(v, d, bind_schema(sql, schema)) for v, d, sql in migrations() if v > from_version]
 
 
-async def apply(conn: Conn, schema: str = "awa") -> list[int]:
-    """Apply pending migrations; returns the versions applied (maybe none)."""
+async def apply(conn: Conn, schema: str = "awa", *,
+                progress: Callable[[int, int], None] | None = None) -> list[int]:
+    """Apply pending migrations; returns the versions applied (maybe none).
+
+    ``progress(done, total)`` is called once the lock is held (done 0) and after
+    each migration file, for a progress bar; the commit still comes at the end.
+    """
     schema = validate_schema(schema)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, schema)
@@ -83,11 +89,16 @@ async def apply(conn: Conn, schema: str = "awa") -> list[int]:
         have = await database_version(conn, schema) or 0
         if have > current_migration_version():
             await check(conn, schema)
-        applied = []
-        for version, description, sql in pending_sql(have, schema):
+        applied: list[int] = []
+        pending = pending_sql(have, schema)
+        if progress is not None:
+            progress(0, len(pending))
+        for version, description, sql in pending:
             await conn.execute(sql)
             await conn.execute(
                 bind_schema("INSERT INTO awa.schema_migrations (version, description)"
                             " VALUES ($1, $2)", schema), version, description)
             applied.append(version)
+            if progress is not None:
+                progress(len(applied), len(pending))
         return applied
