@@ -201,3 +201,41 @@ async def test_runtime_role_without_write_rights_is_read_only(
             await conn.execute(f"DROP ROLE {role}")
         finally:
             await conn.close()
+
+
+async def test_awa_serve_subprocess(client: awa.AsyncClient, database_url: str) -> None:
+    import asyncio
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    await client.insert(Email("a@example.com"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "AWA_UI_TOKEN": "tok"}
+    proc = subprocess.Popen([sys.executable, "-m", "awa", "--database-url", database_url,
+                             "serve", "--port", str(port), "--read-only"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async def up() -> bool:
+            try:
+                return (await call(f"{base}/api/config"))[0] == 200
+            except OSError:
+                await asyncio.sleep(0.1)
+                return False
+        await wait_until(up, timeout=30, message="awa serve to listen")
+        _, cfg = await call(f"{base}/api/config", token="tok")
+        assert cfg["read_only"] is True and cfg["auth_required"] is True
+        assert (await call(f"{base}/api/jobs"))[0] == 401
+        status, page = await call(f"{base}/api/jobs", token="tok")
+        assert status == 200 and len(page["jobs"]) == 1
+        assert (await call(f"{base}/api/queues/default/pause", {}, token="tok"))[0] == 403
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert b"Awa UI on http://127.0.0.1" in err
