@@ -52,8 +52,8 @@ FROM generate_series(1, $1) g
 
 SEED_DONE = """
 INSERT INTO awa.jobs_done (id, kind, queue, args, state, priority, attempt, max_attempts,
-                           run_lease, run_at, created_at, attempted_at, finalized_at, tags, metadata,
-                           errors, prune_after)
+                           run_lease, run_at, created_at, attempted_at, finalized_at, tags,
+                           metadata, errors, prune_after)
 SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')), 'send_email', 'q' || (g % 4),
        jsonb_build_object('to', 'old' || g || '@example.com'),
        CASE WHEN g % 500 = 0 THEN 'failed' ELSE 'completed' END::awa.job_state,

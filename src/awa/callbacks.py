@@ -19,13 +19,13 @@ from typing import Any
 
 import asyncpg
 
-from awa import producer, states
+from awa import callback_rules, producer, states
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.errors import CallbackNotFound, ValidationError
 from awa.followups import FollowUpRegistry, OutcomeContext, Trigger, insert_followups
-from awa.model import Job
+from awa.model import Job, ResolveResult
 
 Executor = Conn | asyncpg.Pool
 
@@ -110,6 +110,36 @@ async def resume_external(db: Executor, q: Queries, callback_id: Any,
     """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
     text = producer.dumps(payload, "payload")
     return await _resolve(db, q, "callback_resume", callback_id, text)
+
+
+async def resolve_callback(db: Executor, q: Queries, callback_id: Any, payload: Any = None,
+                           default_action: str = "ignore", *,
+                           completed_retention: timedelta = states.COMPLETED_RETENTION,
+                           failed_retention: timedelta = states.FAILED_RETENTION,
+                           followups: FollowUpRegistry | None = None) -> ResolveResult:
+    """Resolve by the callback's CEL rules (see `awa.callback_rules`); the job's
+    row lock serializes concurrent resolutions, so exactly one decides."""
+    cid = parse_callback_id(callback_id)
+    action = callback_rules.check_default_action(default_action)
+    producer.dumps(payload, "payload")  # a payload we could not store is refused up front
+    with translated():
+        async with _connection(db) as conn, conn.transaction():
+            row = await conn.fetchrow(q["callback_rules_lock"], cid)
+            if row is None:
+                raise CallbackNotFound(
+                    f"callback {cid} not found, already resolved, or superseded")
+            decision = callback_rules.decide(row["rules"], payload, action)
+            if decision.outcome == "ignored":
+                return ResolveResult("ignored", None, payload, decision.reason)
+            await conn.execute(q["callback_rules_delete"], cid)
+            if decision.outcome == "completed":
+                job = await complete_external(conn, q, cid, decision.payload,
+                                              retention=completed_retention,
+                                              followups=followups)
+            else:
+                job = await fail_external(conn, q, cid, decision.error or "callback failed",
+                                          retention=failed_retention, followups=followups)
+    return ResolveResult(decision.outcome, job, decision.payload, decision.reason)
 
 
 async def heartbeat_callback(db: Executor, q: Queries, callback_id: Any,

@@ -16,7 +16,7 @@ from awa.db.queries import Queries
 from awa.dlq import DlqEntry
 from awa.errors import ValidationError
 from awa.followups import FollowUpRegistry
-from awa.model import Job, QueueStat, RetryFailedResult
+from awa.model import Job, QueueStat, ResolveResult, RetryFailedResult
 from awa.states import JobState
 
 
@@ -98,6 +98,13 @@ class AdminOps:
         """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
         return await callbacks.resume_external(await self.pool(), self._q, callback_id,
                                                payload)
+
+    async def resolve_callback(self, callback_id: str, payload: Any = None,
+                               default_action: str = "ignore") -> ResolveResult:
+        """Complete, fail or ignore by the callback's CEL rules (spec §3.10)."""
+        return await callbacks.resolve_callback(
+            await self.pool(), self._q, callback_id, payload, default_action,
+            failed_retention=self.retention_cancelled, followups=self._followups)
 
     async def heartbeat_callback(self, callback_id: str,
                                  timeout_seconds: float = 3600.0) -> Job:

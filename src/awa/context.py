@@ -20,6 +20,7 @@ from typing import Any, Unpack
 import asyncpg
 
 from awa import producer, states
+from awa.callback_rules import compile_rules
 from awa.callbacks import check_timeout
 from awa.db.errors import translated
 from awa.db.queries import Queries
@@ -216,14 +217,21 @@ class JobContext:
 
     # -- callbacks ----------------------------------------------------------------
 
-    async def register_callback(self, timeout_seconds: float = 3600) -> CallbackToken:
-        """Register an external callback on this attempt; supersedes any earlier one."""
+    async def register_callback(self, timeout_seconds: float = 3600, *,
+                                filter: str | None = None, on_complete: str | None = None,
+                                on_fail: str | None = None,
+                                transform: str | None = None) -> CallbackToken:
+        """Register an external callback on this attempt; supersedes any earlier one.
+        CEL expressions over ``payload`` (validated now) drive `resolve_callback`."""
         db = self._require_active("register_callback")
         seconds = check_timeout(timeout_seconds)
+        rules = compile_rules(filter=filter, on_complete=on_complete, on_fail=on_fail,
+                              transform=transform)
         token = CallbackToken.new()
         with translated():
             row = await db.pool.fetchrow(db.q["callback_register"], self.id, self.run_lease,
-                                         uuid.UUID(token.id), seconds)
+                                         uuid.UUID(token.id), seconds,
+                                         json.dumps(rules) if rules else None)
         if row is None:
             raise CallbackWaitAborted(f"job {self.id} is no longer owned by this attempt")
         self._callback_id = token.id

@@ -149,6 +149,25 @@ class WaitForCallback:
 
 
 @dataclass(frozen=True, slots=True)
+class ResolveResult:
+    """What `resolve_callback` did: completed, failed or ignored (left waiting)."""
+
+    outcome: str  #: "completed", "failed" or "ignored"
+    job: Job | None  #: the finished job; None when ignored
+    payload: Any  #: the payload as stored (after ``transform``) or as given
+    reason: str | None = None  #: why, when a rule or the default decided
+
+    def is_completed(self) -> bool:
+        return self.outcome == "completed"
+
+    def is_failed(self) -> bool:
+        return self.outcome == "failed"
+
+    def is_ignored(self) -> bool:
+        return self.outcome == "ignored"
+
+
+@dataclass(frozen=True, slots=True)
 class Output:
     """Return to complete and retain ``value`` on the job for inspection."""
 

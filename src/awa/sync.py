@@ -155,6 +155,7 @@ class Client:
     retry_external = _delegate(AsyncClient.retry_external)
     resume_external = _delegate(AsyncClient.resume_external)
     heartbeat_callback = _delegate(AsyncClient.heartbeat_callback)
+    resolve_callback = _delegate(AsyncClient.resolve_callback)
     retry_failed = _delegate(AsyncClient.retry_failed)
     discard_failed = _delegate(AsyncClient.discard_failed)
     dump_run = _delegate(AsyncClient.dump_run)

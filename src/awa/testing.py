@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, Unpack
 
 from awa import states
+from awa.callback_rules import compile_rules
 from awa.client import AsyncClient
 from awa.completion import Completer
 from awa.context import AttemptDb
@@ -201,7 +202,12 @@ class HandlerJob:
     async def flush_progress(self) -> None:
         return None
 
-    async def register_callback(self, timeout_seconds: float = 3600) -> CallbackToken:
+    async def register_callback(self, timeout_seconds: float = 3600, *,
+                                filter: str | None = None, on_complete: str | None = None,
+                                on_fail: str | None = None,
+                                transform: str | None = None) -> CallbackToken:
+        compile_rules(filter=filter, on_complete=on_complete, on_fail=on_fail,
+                      transform=transform)
         return CallbackToken.new()
 
 

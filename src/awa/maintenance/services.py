@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from awa import telemetry
 from awa.context import JobContext
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
@@ -63,6 +64,7 @@ class Rescuer(PeriodicService):
             while True:
                 rows = await self._pool.fetch(q[name], *args)
                 self.rescued += len(rows)
+                telemetry.rescued(rows)
                 for r in rows:
                     log.info("rescued job %d (%s) -> %s", r["id"], r["kind"], r["outcome"])
                 if rows and self._on_rescued is not None:
@@ -100,6 +102,7 @@ class Cleaner(PeriodicService):
                 if n < self._batch:
                     break
             await conn.execute(q["throughput_prune"])
+            await conn.execute(q["callback_rules_prune"])
             await self._vacuum_if_needed(conn)
             while True:
                 status = await conn.execute(q["dlq_prune"], self._dlq_retention, self._batch)

@@ -1,8 +1,10 @@
 """HTTP ingress for external callbacks: a plain ASGI app (spec §3.8).
 
-``POST {prefix}/callbacks/{id}/complete|fail|resume|heartbeat`` with a JSON
-object body: ``{"payload": ...}`` for complete and resume, ``{"error": "..."}``
-for fail, ``{"timeout_seconds": n}`` (optional) for heartbeat. With a secret
+``POST {prefix}/callbacks/{id}/complete|fail|resume|heartbeat|resolve`` with
+a JSON object body: ``{"payload": ...}`` for complete and resume,
+``{"error": "..."}`` for fail, ``{"timeout_seconds": n}`` (optional) for
+heartbeat, ``{"payload": ..., "default_action": "ignore"}`` for resolve (CEL
+rules; answers ``{"outcome", "reason", "id", "state"}``). With a secret
 configured, ``X-Awa-Signature`` must sign the id (401 otherwise, nothing
 changes); malformed bodies get 400 and unknown ids 404. Mount it in any ASGI
 server or framework.
@@ -56,7 +58,8 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
     if secret is not None:
         callback_contract.sign(secret, "check")  # validates the secret's length now
     route = re.compile("^" + re.escape(prefix.rstrip("/"))
-                       + r"/callbacks/(?P<id>[^/]+)/(?P<action>complete|fail|resume|heartbeat)$")
+                       + r"/callbacks/(?P<id>[^/]+)"
+                       + r"/(?P<action>complete|fail|resume|heartbeat|resolve)$")
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -93,6 +96,14 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
             await _respond(send, 400, {"error": "body must be a JSON object"})
             return
         try:
+            if action == "resolve":
+                result = await client.resolve_callback(
+                    callback_id, body.get("payload"), body.get("default_action", "ignore"))
+                await _respond(send, 200, {
+                    "outcome": result.outcome, "reason": result.reason,
+                    "id": result.job.id if result.job else None,
+                    "state": str(result.job.state) if result.job else None})
+                return
             job = await _dispatch(client, action, callback_id, body)
         except CallbackNotFound as exc:
             await _respond(send, 404, {"error": str(exc)})

@@ -6,12 +6,36 @@
 -- name: callback_register
 -- The attempt's newest callback; it supersedes any earlier one. The job
 -- counts its callbacks (metadata "awa:callback_seq") for "callback #N".
-UPDATE awa.jobs
-SET callback_id = $3, callback_timeout_at = now() + make_interval(secs => $4::float8),
-    metadata = jsonb_set(metadata, '{awa:callback_seq}',
-                         to_jsonb(coalesce((metadata ->> 'awa:callback_seq')::int, 0) + 1))
-WHERE id = $1 AND run_lease = $2 AND state = 'running'
-RETURNING id
+-- CEL rules ($5, or NULL) are kept in awa.callback_rules.
+WITH reg AS (
+    UPDATE awa.jobs
+    SET callback_id = $3, callback_timeout_at = now() + make_interval(secs => $4::float8),
+        metadata = jsonb_set(metadata, '{awa:callback_seq}',
+                             to_jsonb(coalesce((metadata ->> 'awa:callback_seq')::int, 0) + 1))
+    WHERE id = $1 AND run_lease = $2 AND state = 'running'
+    RETURNING id
+), rules AS (
+    INSERT INTO awa.callback_rules (callback_id, job_id, rules)
+    SELECT $3, id, $5::jsonb FROM reg WHERE $5::jsonb IS NOT NULL
+)
+SELECT id FROM reg
+
+-- name: callback_rules_lock
+-- resolve_callback: lock the waiting job (serializing concurrent resolutions)
+-- and read its rules.
+SELECT j.id, r.rules
+FROM awa.jobs j LEFT JOIN awa.callback_rules r ON r.callback_id = j.callback_id
+WHERE j.callback_id = $1 AND j.state IN ('waiting_external', 'running')
+FOR UPDATE OF j
+
+-- name: callback_rules_delete
+DELETE FROM awa.callback_rules WHERE callback_id = $1
+
+-- name: callback_rules_prune
+-- Rules of callbacks that were resolved another way, superseded or expired.
+DELETE FROM awa.callback_rules r
+WHERE r.created_at < now() - interval '1 minute'
+  AND NOT EXISTS (SELECT 1 FROM awa.jobs j WHERE j.callback_id = r.callback_id)
 
 -- name: callback_park
 -- The handler returned WaitForCallback: park and free the slot. If the
