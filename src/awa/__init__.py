@@ -40,6 +40,7 @@ from awa.producer import derive_kind
 from awa.runtime import HealthCheck, QueueHealth
 from awa.states import JobState
 from awa.sync import Client, SyncTransaction
+from awa.telemetry import init_telemetry, shutdown_telemetry
 from awa.transaction import Transaction
 
 __version__ = "0.1.0"
@@ -90,7 +91,9 @@ __all__ = [
     "callback_contract",
     "current_migration_version",
     "derive_kind",
+    "init_telemetry",
     "migrate",
     "migrations",
+    "shutdown_telemetry",
     "web",
 ]

@@ -29,7 +29,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa import callbacks, states
+from awa import callbacks, states, telemetry
 from awa.db.errors import UNIQUE_CONSTRAINT, translate
 from awa.db.queries import queries
 from awa.errors import (
@@ -374,6 +374,7 @@ async def insert_job(conn: Any, args: Any, *, schema: str = "awa",
     job = prepare(args, **opts)
     row = await _execute_returning(conn, "job_insert", job.insert_params(), schema=schema,
                                    savepoint=job.unique_key is not None)
+    telemetry.inserted(job.kind, job.queue)
     return _job_dict(row)
 
 
@@ -384,6 +385,7 @@ def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
     job = prepare(args, **opts)
     row = _execute_returning_sync(conn, "job_insert", job.insert_params(), schema=schema,
                                   savepoint=job.unique_key is not None)
+    telemetry.inserted(job.kind, job.queue)
     return _job_dict(row)
 
 

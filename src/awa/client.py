@@ -17,7 +17,7 @@ from typing import Any, Unpack
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa import producer, states
+from awa import producer, states, telemetry
 from awa.client_ops import AdminOps
 from awa.config import RuntimeConfig
 from awa.cron import CronSchedule
@@ -79,6 +79,7 @@ class AsyncClient(AdminOps):
                     url = await self.database_url()
                     with translated():
                         self._pool = await create_pool(url, max_connections=self._max_connections)
+                    telemetry.detect()
         return self._pool
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 
+from awa import telemetry
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -227,6 +228,7 @@ class Completer:
                     await conn.executemany(self._q["job_insert"],
                                            [r.insert_params() for r in plain])
                 await conn.execute("COMMIT")
+                telemetry.inserted_jobs(plain)
             except BaseException:
                 if not conn.is_closed() and conn.is_in_transaction():
                     await conn.execute("ROLLBACK")
@@ -277,7 +279,9 @@ class Completer:
             try:
                 with translated():
                     if not followups:
-                        return await self._pool.fetchrow(sql, *args) is not None
+                        row = await self._pool.fetchrow(sql, *args)
+                        telemetry.dead_lettered(row)
+                        return row is not None
                     async with self._pool.acquire() as conn:
                         written = await self._write_with_followups(conn, job_id, sql, args,
                                                                    followups)
@@ -300,11 +304,13 @@ class Completer:
         # One round trip opens the transaction with wake-ups deferred to after commit.
         await conn.execute(self._q["tx_begin_deferred_notify"])
         try:
-            if await conn.fetchrow(sql, *args) is None:
+            row = await conn.fetchrow(sql, *args)
+            if row is None:
                 await conn.execute("ROLLBACK")
                 return False
             await insert_followups(conn, self._q, followups, trigger_id=job_id)
             await conn.execute("COMMIT")
+            telemetry.dead_lettered(row)
             return True
         except BaseException:
             if not conn.is_closed() and conn.is_in_transaction():

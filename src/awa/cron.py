@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import asyncpg
 from croniter import croniter
 
-from awa import producer, states
+from awa import producer, states, telemetry
 from awa.db.queries import Queries
 from awa.errors import ValidationError
 from awa.maintenance.base import PeriodicService
@@ -162,6 +162,7 @@ class CronService(PeriodicService):
             for fire_at in due:
                 job = job_for(row, fire_at)
                 await conn.fetchrow(self._q["job_insert"], *job.insert_params())
+                telemetry.inserted(job.kind, job.queue)
         self.fired += len(due)
 
 
@@ -171,7 +172,9 @@ async def trigger_now(pool: asyncpg.Pool, q: Queries, name: str) -> Job | None:
     if row is None:
         return None
     job = job_for(row, None)
-    return Job.from_row(await pool.fetchrow(q["job_insert"], *job.insert_params()))
+    inserted = Job.from_row(await pool.fetchrow(q["job_insert"], *job.insert_params()))
+    telemetry.inserted(job.kind, job.queue)
+    return inserted
 
 
 def describe(row: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import asyncpg
 
+from awa import telemetry
 from awa.capacity import Capacity, TokenBucket
 from awa.config import QueueConfig
 from awa.db.queries import Queries
@@ -71,9 +72,11 @@ class Dispatcher:
                 # Reserve the slots before the round trip, so other queues'
                 # dispatchers cannot hand out the same shared slots meanwhile.
                 self._capacity.acquire(name, want)
+                started = time.perf_counter()
                 try:
                     rows = await self._pool.fetch(self._q["attempt_claim"], name, want,
                                                   deadline, aging)
+                    telemetry.claim_round(name, time.perf_counter() - started)
                 except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
                     log.warning("claim from %r failed: %s", name, exc)
                     rows = []

@@ -9,12 +9,14 @@ writes nothing: `awa.completion` records the outcome under the run lease.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import traceback
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from awa import producer, states
+from awa import producer, states, telemetry
 from awa.context import AttemptDb, JobContext
 from awa.errors import SerializationError, TerminalError, ValidationError
 from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
@@ -102,19 +104,29 @@ class JobExecutor:
         return JobContext(job, args, self._db), None
 
     async def run(self, job: Job, ctx: JobContext) -> Outcome:
-        """Run the handler of ``job`` and return its outcome (never raises)."""
+        """Run the handler of ``job`` and return its outcome (never raises).
+
+        A plain ``def`` handler runs in the thread pool inside a copy of the
+        caller's context (as `asyncio.to_thread` does), so the trace context
+        and other context variables reach it like they reach ``async`` ones.
+        """
         spec = self._registry.get(job.kind)
         assert spec is not None
-        try:
-            if spec.is_async:
-                result = await spec.handler(ctx)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._threads, spec.handler, ctx)
-            return outcome_of(result, job)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return outcome_of_error(exc, job)
-        finally:
-            ctx._seal()
+        with telemetry.job_run(job) as run:
+            try:
+                if spec.is_async:
+                    result = await spec.handler(ctx)
+                else:
+                    call = functools.partial(contextvars.copy_context().run, spec.handler, ctx)
+                    result = await asyncio.get_running_loop().run_in_executor(self._threads,
+                                                                              call)
+                outcome = outcome_of(result, job)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                run.error(exc)
+                outcome = outcome_of_error(exc, job)
+            finally:
+                ctx._seal()
+            run.done(outcome)
+            return outcome

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from awa import producer, states
+from awa import producer, states, telemetry
 from awa.db.errors import translate
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -217,6 +217,7 @@ def _arity(fn: Callable[..., Any]) -> int:
 async def _insert(conn: Conn, q: Queries, req: PreparedJob) -> int:
     row = await conn.fetchrow(q["job_insert"], *req.insert_params())
     assert row is not None
+    telemetry.inserted(req.kind, req.queue)
     return int(row["id"])
 
 

@@ -24,7 +24,7 @@ from uuid import UUID
 
 import blake3
 
-from awa import states
+from awa import states, telemetry
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -282,6 +282,7 @@ def _options(kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
         raise ValidationError("metadata", "must be a dict")
     if ordering_key is not None:
         check_name("ordering_key", ordering_key)
+    metadata = telemetry.with_traceparent(metadata)  # once per call, not per job
     return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
                     tags=_check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
                     run_at=_check_run_at(run_at), unique=parse_unique_opts(unique_opts),
@@ -342,6 +343,7 @@ async def insert_one(conn: Conn, q: Queries, job: PreparedJob) -> Job:
     """Insert one prepared job; raises `UniqueConflict` on a duplicate key."""
     with translated():
         row = await conn.fetchrow(q["job_insert"], *job.insert_params())
+    telemetry.inserted(job.kind, job.queue)
     return Job.from_row(row)
 
 
@@ -364,7 +366,9 @@ async def insert_many(conn: Conn, q: Queries,
             await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
                                              columns=_COPY_COLUMNS)
             rows = await conn.fetch(q["job_insert_from_staging"])
-    return [Job.from_row(r) for r in rows]
+    inserted = [Job.from_row(r) for r in rows]
+    telemetry.inserted_jobs(inserted)
+    return inserted
 
 
 async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
@@ -382,4 +386,5 @@ async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
             "jobs", schema_name=q.schema, records=records,
             columns=("kind", "queue", "args", "state", "run_at", "priority", "max_attempts",
                      "tags", "metadata", "ordering_key"))
+    telemetry.inserted_jobs(jobs)
     return len(records)

@@ -15,13 +15,14 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import asyncpg
 
-from awa import admin
+from awa import admin, telemetry
 from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
@@ -38,8 +39,8 @@ from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
-from awa.presence import PRESENCE_INTERVAL, Presence
 from awa.model import Job
+from awa.presence import PRESENCE_INTERVAL, Presence
 from awa.tasks import Registry
 from awa.web.health import HealthServer
 
@@ -111,6 +112,7 @@ class Runtime:
         self.leader = LeaderElection(pool, q, self.instance_id, config.leader_election_interval)
         self.services: list[PeriodicService] = self._make_services()
         self._attempts: dict[int, _Attempt] = {}
+        self.outcomes: Counter[tuple[str, str]] = Counter()  # (outcome, queue), not completed
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stop_claiming = asyncio.Event()
@@ -137,6 +139,7 @@ class Runtime:
                     batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
             CronService(pool, q, c.cron_interval, is_leader),
             Presence(pool, q, PRESENCE_INTERVAL, self.instance_id, self._presence),
+            telemetry.QueueGauges(pool, q, is_leader),
         ]
 
     def service(self, name: str) -> PeriodicService:
@@ -155,6 +158,7 @@ class Runtime:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
+        telemetry.detect()
         # Claims go through their own small pool whose commits do not wait for
         # the WAL flush: a claim a server crash forgets only means the job runs
         # again (its stale completion is dropped by the lease guard), while the
@@ -214,8 +218,11 @@ class Runtime:
     # -- running jobs -------------------------------------------------------------------
 
     def _launch(self, job: Job) -> None:
+        wait = None
         if job.attempted_at is not None:
-            self.completer.observe_wait(job.queue, (job.attempted_at - job.run_at).total_seconds())
+            wait = (job.attempted_at - job.run_at).total_seconds()
+            self.completer.observe_wait(job.queue, wait)
+        telemetry.claimed(job, wait)
         task = asyncio.create_task(self._run(job))
         self._job_tasks.add(task)
         task.add_done_callback(self._job_tasks.discard)
@@ -251,7 +258,11 @@ class Runtime:
         done = await self.finalizer.finalize(job, ctx, outcome, allow_batch=True)
         if not done.written:
             log.info("outcome of job %d not written (stale lease, or left for rescue)", job.id)
-        elif done.trigger is not None:
+            return
+        telemetry.outcome(job, done.outcome.kind)
+        if done.outcome.kind != "completed":
+            self.outcomes[(done.outcome.kind, job.queue)] += 1
+        if done.trigger is not None:
             self.followups.emit(done.trigger, job, done.outcome.error)
 
     async def _rescued(self, rows: list[Any]) -> None:
@@ -375,12 +386,18 @@ class Runtime:
             lines.extend(f"{name}{labels} {value}" for labels, value in samples)
 
         def per_queue(values: dict[str, float]) -> list[tuple[str, float]]:
-            return [(f'{{queue="{q}"}}', v) for q, v in values.items()]
+            return [(f'{{queue="{telemetry.prometheus_label(q)}"}}', v)
+                    for q, v in values.items()]
 
         metric("awa_job_claimed_total", "counter", "Jobs claimed by this process.",
                per_queue({n: d.claimed for n, d in self.dispatchers.items()}))
         metric("awa_job_completed_total", "counter", "Completions written by this process.",
                [("", self.completer.completed)])
+        for kind, name, what in (("fail", "failed", "Jobs failed for good"),
+                                 ("retry", "retried", "Failed attempts to be retried"),
+                                 ("cancel", "cancelled", "Handlers that returned Cancel")):
+            metric(f"awa_job_{name}_total", "counter", f"{what} by this process.",
+                   per_queue({n: self.outcomes[(kind, n)] for n in self.dispatchers}))
         metric("awa_job_in_flight", "gauge", "Handlers running now.",
                per_queue({n: sum(1 for a in self._attempts.values() if a.queue == n)
                           for n in self.dispatchers}))

@@ -85,7 +85,8 @@ SELECT id, queue FROM done
 -- name: attempt_fail
 -- Failure ($3 = error text, $5 = progress to keep or NULL, $6 = marks the
 -- entry terminal: a TerminalError, as opposed to attempts running out).
--- On a DLQ-enabled queue the job goes to the dead letter queue instead.
+-- On a DLQ-enabled queue the job goes to the dead letter queue instead
+-- (dlq = true in the result, for the awa.job.dlq_moved counter).
 WITH moved AS (
     DELETE FROM awa.jobs j
     WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
@@ -96,7 +97,7 @@ WITH moved AS (
         LATERAL awa.finished(m.j, 'failed', $4::interval,
                              awa.error_entry($3, (m.j).attempt, $6), $5::jsonb) f
     WHERE NOT m.to_dlq
-    RETURNING id, queue
+    RETURNING id, queue, kind
 ), dead AS (
     INSERT INTO awa.dlq
     SELECT f.*, CASE WHEN $6 THEN 'terminal_error' ELSE 'max_attempts_exhausted' END, now(),
@@ -105,9 +106,10 @@ WITH moved AS (
         LATERAL awa.finished(m.j, 'failed', $4::interval,
                              awa.error_entry($3, (m.j).attempt, $6), $5::jsonb) f
     WHERE m.to_dlq
-    RETURNING id, queue
+    RETURNING id, queue, kind
 )
-SELECT id FROM done UNION ALL SELECT id FROM dead
+SELECT id, queue, kind, false AS dlq FROM done
+UNION ALL SELECT id, queue, kind, true AS dlq FROM dead
 
 -- name: attempt_cancel
 WITH moved AS (

@@ -27,8 +27,9 @@ SELECT queue, count(*) AS n, pg_notify('awa_jobs', queue) FROM promoted GROUP BY
 
 -- name: job_rescue_running
 -- Attempts whose heartbeat is older than $1 or whose deadline passed: back to
--- retryable with backoff, or failed when attempts are exhausted. Each rescued
--- id is notified on awa_cancel so a still-live handler learns it lost the job.
+-- retryable with backoff, or failed when attempts are exhausted (dlq = true
+-- when a DLQ-enabled queue took it). Each rescued id is notified on
+-- awa_cancel so a still-live handler learns it lost the job.
 WITH stale AS (
     SELECT id, CASE WHEN deadline_at < now() THEN 'hard deadline exceeded'
                     ELSE 'heartbeat stale' END AS reason
@@ -46,14 +47,14 @@ WITH stale AS (
         LATERAL awa.finished(m.j, 'failed', $3::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE NOT m.to_dlq
-    RETURNING id, queue, kind, 'failed'::text AS outcome
+    RETURNING id, queue, kind, 'failed'::text AS outcome, false AS dlq
 ), dead AS (
     INSERT INTO awa.dlq
     SELECT f.*, 'max_attempts_exhausted', now(), f.run_lease FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $3::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE m.to_dlq
-    RETURNING id, queue, kind, 'failed'::text AS outcome
+    RETURNING id, queue, kind, 'failed'::text AS outcome, true AS dlq
 ), retried AS (
     UPDATE awa.jobs j
     SET state = 'retryable', run_at = now() + awa.retry_delay(j.attempt),
@@ -62,7 +63,7 @@ WITH stale AS (
         heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
     FROM stale s
     WHERE j.id = s.id AND j.attempt < j.max_attempts
-    RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
+    RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome, false AS dlq
 )
 SELECT r.*, pg_notify('awa_cancel', r.id::text)
 FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r

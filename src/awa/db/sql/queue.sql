@@ -59,6 +59,16 @@ SELECT queue, count(*) AS n FROM awa.jobs
 WHERE state = 'available' AND queue = ANY($1::text[])
 GROUP BY queue
 
+-- name: queue_depth_lag
+-- The awa.queue.depth and awa.queue.lag gauges: active jobs by queue and
+-- state, and the age of each queue's oldest available job. One pass over the
+-- active table (finished jobs live elsewhere), run by the leader every ~15 s.
+SELECT queue, state::text AS state, count(*) AS depth,
+       CASE WHEN state = 'available'
+            THEN greatest(extract(epoch FROM now() - min(run_at))::float8, 0) END AS lag_seconds
+FROM awa.jobs
+GROUP BY queue, state
+
 -- name: queue_unpause_all
 DELETE FROM awa.queues
 
