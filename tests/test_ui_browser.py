@@ -157,3 +157,36 @@ async def test_access_token_login(client: awa.AsyncClient, page: Any) -> None:
         await page.fill("#login input", "open-sesame")
         await page.click("#login button")
         await page.wait_for_selector('main[data-view="jobs"] #jobs')
+
+
+async def test_queue_override_and_descriptors(client: awa.AsyncClient, page: Any) -> None:
+    client.queue_descriptor("email", display_name="Email", owner="growth")
+    s = await seed(client)
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/queues", "queues")
+        assert "growth" in await page.inner_text('#queue-meta tr[data-queue="email"]')
+        await page.select_option("#override-form select", "email")
+        await page.fill('#override-form input[name="claim_batch_size"]', "5000")
+        await page.click("#override-form button")
+        await page.wait_for_selector("#toast.bad")  # refused: names the field
+        assert "claim_batch_size" in await page.inner_text("#toast")
+        await page.fill('#override-form input[name="claim_batch_size"]', "3")
+        await page.fill('#override-form input[name="rate_limit"]', "20/4")
+        await page.click("#override-form button")
+        await page.wait_for_selector("#toast >> text=overrides of email saved")
+        await page.wait_for_selector('#queue-meta tr[data-queue="email"] >> text=batch 3')
+        runtime: Any = client._runtime
+        await wait_until(lambda: _is(runtime.dispatchers["email"].cfg.claim_batch_size, 3),
+                         timeout=10, message="the running worker to apply the override")
+        await page.click('#queue-meta button[data-action="override-clear"]')
+        await wait_until(lambda: _no_overrides(client), message="overrides cleared")
+    assert s.failed_id > 0
+    await client.shutdown()
+
+
+async def _is(value: Any, expected: Any) -> bool:
+    return bool(value == expected)
+
+
+async def _no_overrides(client: awa.AsyncClient) -> bool:
+    return await client.queue_overrides() == []

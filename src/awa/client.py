@@ -25,10 +25,12 @@ from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
+from awa.descriptors import DescriptorOps, Scope
 from awa.errors import ValidationError
 from awa.followups import FollowUpRegistry, JobEvent
 from awa.model import Job
 from awa.options import InsertOptions
+from awa.overrides import OverrideOps
 from awa.runtime import HealthCheck, Runtime
 from awa.tasks import Handler, Registry, make_spec
 from awa.transaction import Transaction, TransactionStart
@@ -37,7 +39,7 @@ FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
 
 
-class AsyncClient(AdminOps):
+class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
     """A pool-backed client for one database and schema (default ``awa``).
 
     With no ``database_url``, ``$DATABASE_URL`` is used, else the embedded
@@ -58,6 +60,7 @@ class AsyncClient(AdminOps):
         self._registry = Registry()
         self._followups = FollowUpRegistry()
         self._schedules: dict[str, CronSchedule] = {}
+        self._descriptors: dict[tuple[Scope, str], dict[str, Any]] = {}
         self._runtime: Runtime | None = None
 
     @property
@@ -291,7 +294,7 @@ class AsyncClient(AdminOps):
         pool = await self.pool()
         self._runtime = Runtime(pool, self._q, self._registry, config,
                                 await self.database_url(), self._followups)
-        await self._runtime.register(self._schedules)
+        await self._runtime.register(self._schedules, self._descriptors)
         await self._runtime.start()
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:

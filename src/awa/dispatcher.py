@@ -43,6 +43,14 @@ class Dispatcher:
         self.last_loop_at = time.monotonic()
         self.claimed = 0
 
+    def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
+        """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
+        if cfg.rate_limit != self.cfg.rate_limit:
+            self._limiter = TokenBucket(cfg.rate_limit) if cfg.rate_limit else None
+        self.cfg = cfg
+        self._poll = poll_interval
+        self.wake()
+
     def use_pool(self, pool: asyncpg.Pool) -> None:
         """Claim through ``pool`` from now on (the runtime's dedicated claim pool)."""
         self._pool = pool
@@ -55,8 +63,8 @@ class Dispatcher:
         """Loop until ``stopping`` is set."""
         name = self.cfg.name
         aging = self.cfg.priority_aging_interval.total_seconds()
-        deadline = self.cfg.deadline.total_seconds()
         while not stopping.is_set():
+            deadline = self.cfg.deadline.total_seconds()  # re-read: overrides change it
             self.last_loop_at = time.monotonic()
             free = self._capacity.free(name)
             if self._backlogged():

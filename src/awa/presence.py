@@ -48,6 +48,7 @@ class Presence(PeriodicService):
             s["claimed"], s["completed"], json.dumps(s["queues"]))
         if self.runs % 60 == 0:
             await self._pool.execute(self._q["presence_prune"])
+            await self._pool.execute(self._q["descriptor_prune"])
 
     async def remove(self) -> None:
         """Say goodbye at shutdown, so the process leaves the runtime page at once."""

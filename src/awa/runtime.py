@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import asyncpg
 
-from awa import admin, telemetry
+from awa import admin, descriptors, overrides, telemetry
 from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
@@ -33,6 +33,7 @@ from awa.db.errors import translated
 from awa.db.pool import create_pool
 from awa.db.queries import Queries
 from awa.dispatcher import Dispatcher
+from awa.descriptors import Scope
 from awa.executor import JobExecutor, Outcome
 from awa.finalize import Finalizer
 from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
@@ -41,6 +42,7 @@ from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
 from awa.model import Job
 from awa.presence import PRESENCE_INTERVAL, Presence
+from awa.overrides import OverrideWatcher
 from awa.tasks import Registry
 from awa.web.health import HealthServer
 
@@ -143,11 +145,19 @@ class Runtime:
         ]
 
     def service(self, name: str) -> PeriodicService:
+            OverrideWatcher(pool, q, [qc.name for qc in c.queues], self._apply_override),
         """The service called ``name`` (tests drive them with ``run_once``)."""
         return next(s for s in self.services if s.name == name)
+    def _apply_override(self, queue: str, row: Any | None) -> None:
+        base = next(qc for qc in self.config.queues if qc.name == queue)
+        cfg, poll = overrides.effective(base, self.config.poll_interval.total_seconds(), row)
+        self.dispatchers[queue].reconfigure(cfg, poll)
 
-    async def register(self, schedules: dict[str, CronSchedule]) -> None:
-        """Record this worker's queue settings and declared schedules in the database."""
+
+    async def register(self, schedules: dict[str, CronSchedule],
+                       declared: dict[tuple[Scope, str], dict[str, Any]] | None = None) -> None:
+        """Record this worker's queue settings, schedules and descriptors in the database."""
+        await descriptors.sync(self._pool, self._q, self.instance_id, declared or {})
         queues = list(self.config.queues)
         with translated():
             await self._pool.execute(self._q["queue_set_dlq"], [qc.name for qc in queues],
@@ -175,6 +185,10 @@ class Runtime:
             await self.health_server.start()
         if self.config.listen:
             self._listen_task = asyncio.create_task(self._listen_loop(), name="awa-listen")
+        try:  # visible on the runtime page (and descriptors live) as soon as start() returns
+            await self.service("presence").run_once()
+        except Exception:
+            log.warning("could not record presence", exc_info=True)
         for svc in self.services:
             self._loops.append(asyncio.create_task(svc.run(self._stop_services),
                                                    name=f"awa-{svc.name}"))

@@ -175,6 +175,10 @@ class Client:
     resume_cron_job = _delegate(AsyncClient.resume_cron_job)
     trigger_cron_job = _delegate(AsyncClient.trigger_cron_job)
     storage_status = _delegate(AsyncClient.storage_status)
+    set_queue_override = _delegate(AsyncClient.set_queue_override)
+    queue_overrides = _delegate(AsyncClient.queue_overrides)
+    clear_queue_override = _delegate(AsyncClient.clear_queue_override)
+    list_descriptors = _delegate(AsyncClient.list_descriptors)
 
 
 async def _make_async(database_url: str | None, max_connections: int, schema: str) -> AsyncClient:

@@ -82,7 +82,8 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
     async def queues(_: Request) -> Response:
         client = await state.client()
         async with state.reading() as conn:
-            return JSONResponse({"queues": await data.queues(conn, client._q)})
+            kinds = [d for d in await data.descriptors(conn, client._q) if d["scope"] == "kind"]
+            return JSONResponse({"queues": await data.queues(conn, client._q), "kinds": kinds})
 
     async def cron(_: Request) -> Response:
         client = await state.client()
@@ -132,6 +133,17 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
             return JSONResponse({"ok": True, "drained": await client.drain_queue(name)})
         return act
 
+    async def override_set(request: Request) -> Response:
+        body = await _body(request)
+        row = await (await state.client()).set_queue_override(
+            request.path_params["name"], updated_by="web-ui",
+            **{k: (v if v != "" else None) for k, v in body.items()})
+        return JSONResponse({"ok": True, "override": row})
+
+    async def override_clear(request: Request) -> Response:
+        found = await (await state.client()).clear_queue_override(request.path_params["name"])
+        return JSONResponse({"ok": found})
+
     def cron_action(verb: str) -> Handler:
         async def act(request: Request) -> Response:
             client, name = await state.client(), request.path_params["name"]
@@ -175,6 +187,8 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         ("/api/jobs/retry-failed", retry_failed),
         ("/api/jobs/{id:int}/retry", job_retry), ("/api/jobs/{id:int}/cancel", job_cancel),
         *((f"/api/queues/{{name}}/{v}", queue_action(v)) for v in ("pause", "resume", "drain")),
+        ("/api/queues/{name}/overrides", override_set),
+        ("/api/queues/{name}/overrides/clear", override_clear),
         *((f"/api/cron/{{name}}/{v}", cron_action(v)) for v in ("pause", "resume", "trigger")),
         ("/api/dlq/retry", dlq_retry_bulk), ("/api/dlq/purge", dlq_purge),
         ("/api/dlq/{id:int}/retry", dlq_retry), ("/api/dlq/{id:int}/purge", dlq_purge_one)]

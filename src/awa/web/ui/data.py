@@ -11,10 +11,11 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from awa import producer
+from awa import overrides, producer
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.model import Job
+from awa.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
 from awa.states import TERMINAL, JobState
 
 #: Counts stop here and show as "100,000+".
@@ -53,12 +54,29 @@ async def overview(conn: Conn, q: Queries, minutes: int = 60) -> dict[str, Any]:
 
 
 async def queues(conn: Conn, q: Queries) -> list[dict[str, Any]]:
-    """Every known queue with depth, lag, rate and pause state."""
+    """Every known queue with depth, lag, rate, pause state, overrides and descriptor."""
+    described = {d["name"]: d for d in await descriptors(conn, q) if d["scope"] == "queue"}
+    ovs = {r["queue"]: overrides.describe(r) for r in await conn.fetch(q["override_list"], None)}
     names = [r["queue"] for r in await conn.fetch(q["ui_queue_names"])]
+    names += sorted(set(described) - set(names))
     out = []
     for name in names:
-        out.append(dict(await conn.fetchrow(q["ui_queue_detail"], name, COUNT_CAP) or {}))
+        row = dict(await conn.fetchrow(q["ui_queue_detail"], name, COUNT_CAP) or {})
+        row["override"] = ovs.get(name)
+        row["descriptor"] = described.get(name)
+        out.append(row)
     return out
+
+
+async def descriptors(conn: Conn, q: Queries) -> list[dict[str, Any]]:
+    """Declared queue and kind descriptors with live / stale / drifted status."""
+    from awa.descriptors import status_of
+
+    live_within = PRESENCE_INTERVAL.total_seconds() * STALE_AFTER_INTERVALS
+    return [{"scope": r["scope"], "name": r["name"], "descriptor": r["descriptor"],
+             "status": status_of(r["live_instances"], r["live_variants"]),
+             "live_instances": r["live_instances"]}
+            for r in await conn.fetch(q["descriptor_status"], live_within, None)]
 
 
 def _preview(job: Job) -> dict[str, Any]:
@@ -145,8 +163,6 @@ def cron_jobs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def runtime(conn: Conn, q: Queries) -> dict[str, Any]:
     """Live worker processes and the maintenance leader."""
-    from awa.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
-
     stale_after = PRESENCE_INTERVAL.total_seconds() * STALE_AFTER_INTERVALS
     workers = []
     for r in await conn.fetch(q["ui_runtime"]):

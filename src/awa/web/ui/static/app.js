@@ -135,9 +135,40 @@ function queueTable(queues) {
       ${btn("Drain", "queue-drain", { name: q.queue }, "danger")}</td>`)}</tr>`).join("")}</table>`;
 }
 
+function overrideText(o) {
+  if (!o) return "—";
+  const parts = [];
+  if (o.poll_interval_ms != null) parts.push(`poll ${o.poll_interval_ms} ms`);
+  if (o.claim_batch_size != null) parts.push(`batch ${o.claim_batch_size}`);
+  if (o.rate_limit) parts.push(`rate ${o.rate_limit.max_rate}/s burst ${o.rate_limit.burst}`);
+  if (o.deadline_ms != null) parts.push(`deadline ${o.deadline_ms} ms`);
+  return esc(parts.join(", ")) + (o.updated_by ? ` <span class="muted">by ${esc(o.updated_by)}</span>` : "");
+}
+
+function descriptorCell(d) {
+  if (!d) return `<span class="muted">—</span>`;
+  const x = d.descriptor;
+  const name = x.docs_url ? `<a href="${esc(x.docs_url)}" rel="noreferrer">${esc(x.display_name || d.name)}</a>` : esc(x.display_name || d.name);
+  return `${name}${x.owner ? ` · ${esc(x.owner)}` : ""} <span class="state ${d.status === "live" ? "completed" : d.status === "drifted" ? "retryable" : "failed"}">${esc(d.status)}</span>`;
+}
+
 async function queuesView() {
   const r = await api("queues");
-  return `<h1>Queues</h1>${queueTable(r.queues)}`;
+  const names = r.queues.map((q) => q.queue);
+  return `<h1>Queues</h1>${queueTable(r.queues)}
+  <h2>Descriptors and live overrides</h2>
+  <table id="queue-meta"><tr><th>queue</th><th>descriptor</th><th>overrides (applied by workers within seconds)</th></tr>
+  ${r.queues.map((q) => `<tr data-queue="${esc(q.queue)}"><td>${esc(q.queue)}</td><td>${descriptorCell(q.descriptor)}</td>
+    <td>${overrideText(q.override)} ${q.override ? btn("Clear", "override-clear", { name: q.queue }) : ""}</td></tr>`).join("")}</table>
+  ${mut(names.length ? `<form id="override-form" class="filters" data-sticky style="margin-top:10px">
+    <select name="queue">${names.map((n) => `<option>${esc(n)}</option>`).join("")}</select>
+    <input name="poll_interval_ms" placeholder="poll interval ms" size="14">
+    <input name="claim_batch_size" placeholder="claim batch size" size="14">
+    <input name="rate_limit" placeholder="rate/s[/burst]" size="12">
+    <input name="deadline_ms" placeholder="deadline ms" size="12">
+    <button type="submit">Set override</button></form>` : "")}
+  ${r.kinds.length ? `<h2>Job kinds</h2><table id="kinds"><tr><th>kind</th><th>descriptor</th><th>description</th></tr>
+    ${r.kinds.map((k) => `<tr><td>${esc(k.name)}</td><td>${descriptorCell(k)}</td><td>${esc(k.descriptor.description || "")}</td></tr>`).join("")}</table>` : ""}`;
 }
 
 function jobRows(jobs, extra) {
@@ -302,6 +333,8 @@ const ACTIONS = {
   "queue-resume": (a) => api(`queues/${encodeURIComponent(a.name)}/resume`, {}),
   "queue-drain": (a) => confirm(`Cancel every queued job of ${a.name}?`) &&
     api(`queues/${encodeURIComponent(a.name)}/drain`, {}),
+  "override-clear": (a) => confirm(`Clear the overrides of ${a.name}?`) &&
+    api(`queues/${encodeURIComponent(a.name)}/overrides/clear`, {}),
   "cron-pause": (a) => api(`cron/${encodeURIComponent(a.name)}/pause`, {}),
   "cron-resume": (a) => api(`cron/${encodeURIComponent(a.name)}/resume`, {}),
   "cron-trigger": (a) => api(`cron/${encodeURIComponent(a.name)}/trigger`, {}),
@@ -335,6 +368,15 @@ document.addEventListener("submit", (ev) => {
     render();
     return;
   }
+  if (form.id === "override-form") {
+    const body = {};
+    for (const [k, v] of new FormData(form)) if (v && k !== "queue") body[k] = k !== "rate_limit" && /^-?\d+$/.test(v) ? Number(v) : v;
+    const queue = new FormData(form).get("queue");
+    api(`queues/${encodeURIComponent(queue)}/overrides`, body)
+      .then(() => { form.reset(); toast(`overrides of ${queue} saved`); render(true); },
+        (e) => toast(e.message, true));  // on error the form keeps what was typed
+    return;
+  }
   const params = new URLSearchParams();
   for (const [k, v] of new FormData(form)) if (v) params.set(k, v);
   location.hash = `#/${form.dataset.filter}?${params}`;
@@ -351,7 +393,10 @@ document.getElementById("theme").addEventListener("click", () => {
 function startLive() {
   stopLive();
   state.timer = setInterval(() => {
-    const busy = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+    const typing = document.activeElement && ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+    // A half-filled action form is not wiped by a refresh.
+    const drafting = [...document.querySelectorAll("form[data-sticky] input")].some((i) => i.value);
+    const busy = typing || drafting;
     if (!document.hidden && !busy) render(true);
   }, REFRESH_MS);
 }
