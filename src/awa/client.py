@@ -27,7 +27,7 @@ from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.descriptors import DescriptorOps, Scope
 from awa.errors import ValidationError
-from awa.followups import FollowUpRegistry, JobEvent
+from awa.followups import FollowUpRegistry, JobEvent, trigger_kind
 from awa.model import Job
 from awa.options import InsertOptions
 from awa.overrides import OverrideOps
@@ -220,10 +220,18 @@ class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
     # -- workers --------------------------------------------------------------------
 
     def task(self, args_type: Any = None, *, kind: str | None = None,
-             queue: str = states.DEFAULT_QUEUE) -> Callable[[Handler], Handler]:
-        """Register ``async def handler(job)`` (or a plain ``def``) for a kind."""
+             queue: str = states.DEFAULT_QUEUE,
+             completion: str = "runtime") -> Callable[[Handler], Handler]:
+        """Register ``async def handler(job)`` (or a plain ``def``) for a kind.
+        ``completion="caller"``: the handler writes in ``job.transaction`` and the
+        job completes in that same transaction (see `awa.owned`)."""
         def register(handler: Handler) -> Handler:
-            self._registry.add(make_spec(args_type, handler, kind=kind, queue=queue))
+            spec = make_spec(args_type, handler, kind=kind, queue=queue, completion=completion)
+            if completion == "caller" and self._followups.has_specs("completed", spec.kind):
+                raise ValidationError("completion", f"kind {spec.kind!r} has registered "
+                                      "on_completed_enqueue specs; a caller-owned completion "
+                                      "inserts its follow-ups in its own transaction")
+            self._registry.add(spec)
             return handler
         return register
 
@@ -231,6 +239,10 @@ class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
 
     def on_completed_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
         """Insert ``fn(args, job[, context])``'s follow-up atomically with completion."""
+        spec = self._registry.get(trigger_kind(trigger_type))
+        if spec is not None and spec.completion == "caller":
+            raise ValidationError("trigger_type", f"kind {spec.kind!r} completes in the "
+                                  "caller's transaction; insert follow-ups there")
         self._followups.add_spec("completed", trigger_type, fn)
 
     def on_retried_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:

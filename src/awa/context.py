@@ -14,7 +14,7 @@ import json
 import math
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Unpack
 
 import asyncpg
@@ -29,6 +29,7 @@ from awa.followups import StagingBuffer
 from awa.model import CallbackToken, Job
 from awa.options import InsertOptions
 from awa.states import JobState
+from awa.transaction import Transaction
 
 
 class CallbackWaitAborted(AwaError):
@@ -42,6 +43,7 @@ class AttemptDb:
     pool: asyncpg.Pool
     q: Queries
     poll_interval: float
+    completed_retention: timedelta = states.COMPLETED_RETENTION  #: caller-owned completions
 
 
 class JobContext:
@@ -59,6 +61,7 @@ class JobContext:
         self._callback_id: str | None = None
         self._wake: asyncio.Event | None = None
         self.staging = StagingBuffer()
+        self._transaction: Transaction | None = None
         self.output_json: str | None = None
 
     # -- read-only fields ---------------------------------------------------------
@@ -150,6 +153,14 @@ class JobContext:
         self.staging.sealed = True
 
     # -- follow-ups and output -----------------------------------------------------
+
+    @property
+    def transaction(self) -> Transaction:
+        """The open transaction of a ``completion="caller"`` handler (see `awa.owned`)."""
+        if self._transaction is None:
+            raise AwaError("job.transaction exists only in handlers registered with "
+                           "completion='caller', while they run")
+        return self._transaction
 
     def enqueue_on_completion(self, args: Any, **opts: Unpack[InsertOptions]) -> None:
         """Stage a follow-up, inserted only if this attempt's completion commits (ADR-046)."""

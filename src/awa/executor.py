@@ -16,13 +16,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from awa import producer, states, telemetry
+from awa import owned, producer, states, telemetry
 from awa.context import AttemptDb, JobContext
 from awa.errors import SerializationError, TerminalError, ValidationError
 from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
 from awa.tasks import Registry
 
-OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait"]
+#: "lost": a caller-owned completion found its run lease stale; nothing to write.
+OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait", "lost"]
 TRACEBACK_FRAMES = 5
 
 
@@ -36,6 +37,7 @@ class Outcome:
     terminal: bool = False  #: a fail caused by TerminalError (not by running out of attempts)
     output_json: str | None = None  #: retained output of a completed job
     token: str | None = None  #: callback id, for wait
+    committed: bool = False  #: a caller-owned completion already committed it
 
 
 def describe_error(exc: BaseException) -> str:
@@ -114,13 +116,16 @@ class JobExecutor:
         assert spec is not None
         with telemetry.job_run(job) as run:
             try:
-                if spec.is_async:
-                    result = await spec.handler(ctx)
+                if spec.completion == "caller":  # see awa.owned
+                    assert ctx._db is not None
+                    outcome = await owned.run(spec.handler, ctx, job, outcome_of,
+                                              ctx._db.completed_retention)
+                elif spec.is_async:
+                    outcome = outcome_of(await spec.handler(ctx), job)
                 else:
                     call = functools.partial(contextvars.copy_context().run, spec.handler, ctx)
-                    result = await asyncio.get_running_loop().run_in_executor(self._threads,
-                                                                              call)
-                outcome = outcome_of(result, job)
+                    outcome = outcome_of(await asyncio.get_running_loop().run_in_executor(
+                        self._threads, call), job)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -72,6 +72,11 @@ class Finalizer:
     async def finalize(self, job: Job, ctx: JobContext | None, outcome: Outcome, *,
                        allow_batch: bool) -> Finalized:
         """Apply the rules and write the result under the attempt's run lease."""
+        if outcome.kind == "lost":  # caller-owned, stale lease: nothing committed
+            return Finalized(outcome, written=False, trigger=None)
+        if outcome.committed:  # caller-owned: committed with the handler's writes
+            self.completer.count(job.queue, "completed")
+            return Finalized(outcome, written=True, trigger="completed")
         outcome, followups = self.resolve(job, ctx, outcome)
         trigger = TRIGGER_OF.get(outcome.kind)
         if outcome.kind == "completed" and allow_batch:

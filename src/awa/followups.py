@@ -126,6 +126,13 @@ class StagingBuffer:
         return list(self.requests)
 
 
+def trigger_kind(trigger_type: Any) -> str:
+    """The kind a follow-up spec or hook names: a kind string or an args class."""
+    if isinstance(trigger_type, str):
+        return producer.check_name("kind", trigger_type)
+    return producer.derive_kind(trigger_type.__name__)
+
+
 class FollowUpRegistry:
     """Registered follow-up specs and lifecycle hooks of one client."""
 
@@ -137,10 +144,8 @@ class FollowUpRegistry:
         """Register ``fn`` for ``trigger`` outcomes of jobs of ``trigger_type`` (or a kind)."""
         if not callable(fn):
             raise TypeError("a follow-up spec must be callable")
-        if isinstance(trigger_type, str):
-            kind, args_type = producer.check_name("kind", trigger_type), None
-        else:
-            kind, args_type = producer.derive_kind(trigger_type.__name__), trigger_type
+        kind = trigger_kind(trigger_type)
+        args_type = None if isinstance(trigger_type, str) else trigger_type
         self._specs.setdefault((trigger, kind), []).append((fn, _arity(fn), args_type))
 
     def has_specs(self, trigger: Trigger, kind: str) -> bool:

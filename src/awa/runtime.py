@@ -100,7 +100,8 @@ class Runtime:
         self._threads = ThreadPoolExecutor(max_workers=max(1, min(total, 256)),
                                            thread_name_prefix="awa-handler")
         self._executor = JobExecutor(registry, self._threads,
-                                     AttemptDb(pool, q, config.poll_interval.total_seconds()))
+                                     AttemptDb(pool, q, config.poll_interval.total_seconds(),
+                                               config.completed_retention))
         self.completer = Completer(pool, q, completed_retention=config.completed_retention,
                                    failed_retention=config.failed_retention)
         poll = config.poll_interval.total_seconds()

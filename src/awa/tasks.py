@@ -24,16 +24,23 @@ class TaskSpec:
     args_type: type | None
     handler: Handler
     is_async: bool
+    completion: str = "runtime"  #: "caller": see `awa.owned`
 
     def build_args(self, data: dict[str, Any]) -> Any:
         """Rebuild the args as the registered type; raises on undecodable args."""
         return rebuild_args(self.args_type, data)
 
 
-def make_spec(args_type: Any, handler: Handler, *, kind: str | None, queue: str) -> TaskSpec:
+def make_spec(args_type: Any, handler: Handler, *, kind: str | None, queue: str,
+              completion: str = "runtime") -> TaskSpec:
     """Validate a registration and build its `TaskSpec`."""
     if not callable(handler):
         raise TypeError("a task handler must be callable")
+    if completion not in ("runtime", "caller"):
+        raise ValidationError("completion", "must be 'runtime' or 'caller'")
+    if completion == "caller" and not inspect.iscoroutinefunction(handler):
+        raise ValidationError("completion", "'caller' needs an async def handler "
+                              "(it runs in the handler's database transaction)")
     if kind is None:
         if args_type is None or args_type is dict or not isinstance(args_type, type):
             raise ValidationError("kind", "required when the args type is not a class")
@@ -41,7 +48,7 @@ def make_spec(args_type: Any, handler: Handler, *, kind: str | None, queue: str)
     check_name("kind", kind)
     check_name("queue", queue)
     return TaskSpec(kind=kind, queue=queue, args_type=args_type, handler=handler,
-                    is_async=inspect.iscoroutinefunction(handler))
+                    is_async=inspect.iscoroutinefunction(handler), completion=completion)
 
 
 class Registry:
