@@ -85,12 +85,8 @@ WITH win AS (
     WHERE id < $1 AND ($2::awa.job_state IS NULL OR state = $2)
     ORDER BY id DESC LIMIT $8
 )
-SELECT w.*, (SELECT min(id) FROM win) AS scanned_to, (SELECT count(*) FROM win) AS scanned
-FROM win w
-WHERE ($3::text IS NULL OR w.queue = $3) AND ($4::text IS NULL OR w.kind = $4)
-  AND ($5::text IS NULL OR $5 = ANY (w.tags))
-  AND ($6::text IS NULL OR strpos(lower(w.kind || ' ' || w.queue || ' ' || w.args::text
-                                        || ' ' || array_to_string(w.tags, ' ')), lower($6)) > 0)
+SELECT w.*, (SELECT min(id) FROM win) AS scanned_to, (SELECT count(*) FROM win) AS scanned FROM win w
+WHERE awa.ui_matches(w.queue, w.kind, w.tags, w.args, $3, $4, $5, $6)
 ORDER BY w.id DESC LIMIT $7
 
 -- name: ui_jobs_done
@@ -100,12 +96,8 @@ WITH win AS (
     WHERE id < $1 AND ($2::awa.job_state IS NULL OR state = $2)
     ORDER BY id DESC LIMIT $8
 )
-SELECT w.*, (SELECT min(id) FROM win) AS scanned_to, (SELECT count(*) FROM win) AS scanned
-FROM win w
-WHERE ($3::text IS NULL OR w.queue = $3) AND ($4::text IS NULL OR w.kind = $4)
-  AND ($5::text IS NULL OR $5 = ANY (w.tags))
-  AND ($6::text IS NULL OR strpos(lower(w.kind || ' ' || w.queue || ' ' || w.args::text
-                                        || ' ' || array_to_string(w.tags, ' ')), lower($6)) > 0)
+SELECT w.*, (SELECT min(id) FROM win) AS scanned_to, (SELECT count(*) FROM win) AS scanned FROM win w
+WHERE awa.ui_matches(w.queue, w.kind, w.tags, w.args, $3, $4, $5, $6)
 ORDER BY w.id DESC LIMIT $7
 
 -- name: ui_jobs_all
@@ -115,12 +107,8 @@ WITH win AS (
     WHERE id < $1 AND ($2::awa.job_state IS NULL OR state = $2)
     ORDER BY id DESC LIMIT $8
 )
-SELECT w.*, (SELECT min(id) FROM win) AS scanned_to, (SELECT count(*) FROM win) AS scanned
-FROM win w
-WHERE ($3::text IS NULL OR w.queue = $3) AND ($4::text IS NULL OR w.kind = $4)
-  AND ($5::text IS NULL OR $5 = ANY (w.tags))
-  AND ($6::text IS NULL OR strpos(lower(w.kind || ' ' || w.queue || ' ' || w.args::text
-                                        || ' ' || array_to_string(w.tags, ' ')), lower($6)) > 0)
+SELECT w.*, (SELECT min(id) FROM win) AS scanned_to, (SELECT count(*) FROM win) AS scanned FROM win w
+WHERE awa.ui_matches(w.queue, w.kind, w.tags, w.args, $3, $4, $5, $6)
 ORDER BY w.id DESC LIMIT $7
 
 -- name: ui_recent_failures

@@ -24,3 +24,15 @@ CREATE TABLE awa.queue_overrides (
     updated_at          timestamptz NOT NULL DEFAULT now(),
     updated_by          text
 );
+
+-- The web UI's job filters, written once for its three list statements
+-- (active, finished, all). Inlined by the planner (a plain SQL expression).
+CREATE FUNCTION awa.ui_matches(j_queue text, j_kind text, j_tags text[], j_args jsonb,
+                               p_queue text, p_kind text, p_tag text, p_search text)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_queue IS NULL OR j_queue = p_queue) AND (p_kind IS NULL OR j_kind = p_kind)
+       AND (p_tag IS NULL OR p_tag = ANY (j_tags))
+       AND (p_search IS NULL OR strpos(lower(j_kind || ' ' || j_queue || ' ' || j_args::text
+                                             || ' ' || array_to_string(j_tags, ' ')),
+                                       lower(p_search)) > 0)
+$$;
