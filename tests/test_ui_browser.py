@@ -190,3 +190,19 @@ async def _is(value: Any, expected: Any) -> bool:
 
 async def _no_overrides(client: awa.AsyncClient) -> bool:
     return await client.queue_overrides() == []
+
+
+async def test_dlq_page_retry_and_purge(client: awa.AsyncClient, page: Any) -> None:
+    s = await seed(client)
+    await client.shutdown()
+    assert await client.move_failed_to_dlq(s.failed_id, reason="bounced") is not None
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/dlq?queue=email", "dlq")
+        assert "bounced" in await page.inner_text("#jobs")
+        await page.click(f'a[href="#/jobs/{s.failed_id}"]')
+        await page.wait_for_selector('#job-actions button[data-action="dlq-retry"]')
+        assert "bounced" in await page.inner_text("main")
+        await page.click('#job-actions button[data-action="dlq-retry"]')
+        await wait_until(lambda: _state_is(client, s.failed_id, awa.JobState.Available),
+                         message="the DLQ retry to reach the database")
+        assert await client.dlq_depth() == 0

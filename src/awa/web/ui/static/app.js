@@ -220,7 +220,7 @@ async function jobView(route) {
   const canCancel = !["completed", "failed", "cancelled"].includes(j.state);
   return `<h1>Job ${j.id} ${stateChip(j.state)}</h1>
   <div class="row" id="job-actions">${canRetry && !r.dlq ? btn("Retry", "job-retry", { id: j.id }) : ""}
-    ${r.dlq ? btn("Retry from DLQ", "dlq-retry", { id: j.id }) : ""}
+    ${r.dlq ? btn("Retry from DLQ", "dlq-retry", { id: j.id }) + btn("Purge", "dlq-purge-one", { id: j.id }, "danger") : ""}
     ${canCancel ? btn("Cancel", "job-cancel", { id: j.id }, "danger") : ""}</div>
   <h2>Summary</h2>
   <div class="kv">
@@ -339,6 +339,7 @@ const ACTIONS = {
   "cron-resume": (a) => api(`cron/${encodeURIComponent(a.name)}/resume`, {}),
   "cron-trigger": (a) => api(`cron/${encodeURIComponent(a.name)}/trigger`, {}),
   "dlq-retry": (a) => api(`dlq/${a.id}/retry`, {}),
+  "dlq-purge-one": (a) => confirm(`Delete dead-lettered job ${a.id} for good?`) && api(`dlq/${a.id}/purge`, {}),
   "dlq-retry-bulk": (a) => confirm("Retry every matching dead-lettered job?") && api("dlq/retry", a),
   "dlq-purge": (a) => confirm("Delete every matching dead-lettered job for good?") && api("dlq/purge", a),
 };
