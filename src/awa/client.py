@@ -8,6 +8,7 @@ are attached in `awa.runtime`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -168,13 +169,21 @@ class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
             return
         async with self._producer_lock:
             held = self._producer_conn
-            if held is None or held.is_closed():
+            if held is None or not _usable(held):
                 held = self._producer_conn = await pool.acquire()
             try:
                 yield held
-            finally:
-                if held.is_closed():
-                    self._producer_conn = None
+            except BaseException:
+                # A failed statement can leave the held connection unusable (its
+                # backend terminated, an operation interrupted) without closing it:
+                # hand it back to the pool, which resets or replaces it.
+                self._producer_conn = None
+                with contextlib.suppress(asyncpg.InterfaceError):  # already taken back
+                    await pool.release(held)
+                raise
+            if not _usable(held):
+                self._producer_conn = None
+                with contextlib.suppress(asyncpg.InterfaceError):
                     await pool.release(held)
 
     # -- enqueue ---------------------------------------------------------------
@@ -331,3 +340,12 @@ class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
             connected = False
         return HealthCheck(healthy=False, postgres_connected=connected, poll_loop_alive=False,
                            heartbeat_alive=False, shutting_down=False, leader=False)
+
+
+def _usable(conn: Conn) -> bool:
+    """Whether a held pool connection is still open and still ours (when its socket
+    closes, the pool takes it back and the proxy refuses every call)."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False

@@ -230,7 +230,7 @@ class Completer:
                 await conn.execute("COMMIT")
                 telemetry.inserted_jobs(plain)
             except BaseException:
-                if not conn.is_closed() and conn.is_in_transaction():
+                if _in_transaction(conn):
                     await conn.execute("ROLLBACK")
                 raise
         self.notify(r.queue for job_id, p in batch if job_id in done for r in p.followups)
@@ -313,7 +313,7 @@ class Completer:
             telemetry.dead_lettered(row)
             return True
         except BaseException:
-            if not conn.is_closed() and conn.is_in_transaction():
+            if _in_transaction(conn):
                 await conn.execute("ROLLBACK")
             raise
 
@@ -342,7 +342,16 @@ def _transient(exc: BaseException) -> bool:
     causes = [exc, exc.__cause__]
     return any(isinstance(c, asyncpg.DeadlockDetectedError | asyncpg.SerializationError
                           | asyncpg.PostgresConnectionError | asyncpg.InterfaceError
+                          | asyncpg.InternalClientError
                           | ConnectionError | OSError | TimeoutError)
                or (isinstance(c, asyncpg.PostgresError)
                    and getattr(c, "sqlstate", "").startswith(("08", "57P")))
                for c in causes if c is not None)
+
+
+def _in_transaction(conn: Conn) -> bool:
+    """Open and inside a transaction (False once the pool took a closed one back)."""
+    try:
+        return not conn.is_closed() and conn.is_in_transaction()
+    except asyncpg.InterfaceError:
+        return False

@@ -85,8 +85,10 @@ class Dispatcher:
                     rows = await self._pool.fetch(self._q["attempt_claim"], name, want,
                                                   deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
-                except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
-                    log.warning("claim from %r failed: %s", name, exc)
+                except Exception as exc:
+                    # Whatever the driver raises (a killed backend can surface as
+                    # InternalClientError), this loop must live on: claim again later.
+                    log.warning("claim from %r failed: %r", name, exc)
                     rows = []
                 finally:
                     self._capacity.release(name, want)

@@ -1,0 +1,1 @@
+"""Chaos suite: real worker processes under injected faults (see harness.py)."""
