@@ -357,8 +357,9 @@ class Harness:
                 " AS rescued FROM chaos_runs r WHERE r.pid = $1 AND r.at <= to_timestamp($2) "
                 "AND NOT EXISTS (SELECT 1 FROM awa.jobs_done d WHERE d.id = r.job_id "
                 "AND d.run_lease = r.run_lease)", pid, at)
+            rows = [r for r in rows if r["again"] is not None and r["again"] >= at]
             rescued.extend(r["rescued"] - at for r in rows if r["rescued"] is not None)
-            rerun.extend(r["again"] - at for r in rows if r["again"] is not None)
+            rerun.extend(r["again"] - at for r in rows)
         if not rerun:
             return {}
         out = {"rescued_jobs": len(rerun), "rerun_median_s": round(statistics.median(rerun), 2),

@@ -17,6 +17,10 @@ from tests.chaos.harness import Harness, Report
 from tests.chaos.pgcluster import PrivateCluster
 from tests.chaos.proxy import HalfOpenProxy
 
+#: The LISTEN connection is the only worker connection without an application_name
+#: (the pools say "awa"), which is how the proxy tells it apart.
+LISTEN_APP = ""
+
 
 def _rate(jobs: int) -> float:
     """Insert rate: the feed lasts about 5 s in the short form, ~60 s at 50,000 jobs."""
@@ -112,13 +116,13 @@ async def half_open(url: str, jobs: int, target: str) -> Report:
                            worker_url=worker_url) as h:
             await _start(h)
             await h.wait_fed(0.3)
-            listeners = proxy.live("awa-listen")
+            listeners = proxy.live(LISTEN_APP)
             fault = time.time()
-            frozen = proxy.freeze(None if target == "all" else "awa-listen")
+            frozen = proxy.freeze(None if target == "all" else LISTEN_APP)
             h.report.notes["frozen_connections"] = frozen
             relisten: float | None = None
             while not h.feed_done.is_set() or relisten is None:
-                if relisten is None and proxy.live("awa-listen") >= listeners > 0:
+                if relisten is None and proxy.live(LISTEN_APP) >= listeners > 0:
                     relisten = time.time() - fault
                 if time.time() - fault > 120:
                     break
@@ -138,7 +142,8 @@ async def half_open(url: str, jobs: int, target: str) -> Report:
 
 async def held_xmin(url: str, jobs: int, hold_s: float) -> Report:
     """A transaction holds the xmin horizon back for ``hold_s`` seconds while jobs flow."""
-    async with Harness(url, "held_xmin", jobs=jobs, rate=_rate(jobs)) as h:
+    rate = min(_rate(jobs), jobs / (hold_s + 4.0))  # jobs keep flowing for the whole hold
+    async with Harness(url, "held_xmin", jobs=jobs, rate=rate) as h:
         await _start(h)
         await h.wait_fed(0.1)
         holder = await h.connect()
