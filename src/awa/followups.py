@@ -158,6 +158,12 @@ class FollowUpRegistry:
         for fn, arity, args_type in self._specs.get((trigger, job.kind), ()):
             try:
                 args = rebuild_args(args_type, job.args)
+            except Exception as exc:  # its message may quote the args: never logged
+                log.error("follow-up spec %s for %s job %d skipped: the job's args do not "
+                          "fit %s (%s)", getattr(fn, "__name__", fn), trigger, job.id,
+                          getattr(args_type, "__name__", args_type), type(exc).__name__)
+                continue
+            try:
                 value = fn(args, job, context) if arity >= 3 else fn(args, job)
                 prepared = to_request(value)
             except Exception:

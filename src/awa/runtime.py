@@ -28,12 +28,13 @@ from awa.completion import Completer
 from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
 from awa.cron import CronSchedule, CronService
-from awa.db import migrations
+from awa.db import dsn, migrations
+from awa.db.dsn import redact
 from awa.db.errors import translated
-from awa.db.pool import create_pool
+from awa.db.pool import behind_pooler, connect, create_pool
 from awa.db.queries import Queries
-from awa.dispatcher import Dispatcher
 from awa.descriptors import Scope
+from awa.dispatcher import Dispatcher
 from awa.executor import JobExecutor, Outcome
 from awa.finalize import Finalizer
 from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
@@ -41,12 +42,14 @@ from awa.maintenance.base import PeriodicService
 from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
 from awa.model import Job
-from awa.presence import PRESENCE_INTERVAL, Presence
 from awa.overrides import OverrideWatcher
+from awa.presence import PRESENCE_INTERVAL, Presence
 from awa.tasks import Registry
 from awa.web.health import HealthServer
 
 log = logging.getLogger("awa.runtime")
+#: How long a LISTEN connection behind a pooler waits for its probe NOTIFY.
+LISTEN_PROBE_TIMEOUT = 3.0
 
 
 
@@ -143,17 +146,17 @@ class Runtime:
             CronService(pool, q, c.cron_interval, is_leader),
             Presence(pool, q, PRESENCE_INTERVAL, self.instance_id, self._presence),
             telemetry.QueueGauges(pool, q, is_leader),
+            OverrideWatcher(pool, q, [qc.name for qc in c.queues], self._apply_override),
         ]
 
-    def service(self, name: str) -> PeriodicService:
-            OverrideWatcher(pool, q, [qc.name for qc in c.queues], self._apply_override),
-        """The service called ``name`` (tests drive them with ``run_once``)."""
-        return next(s for s in self.services if s.name == name)
     def _apply_override(self, queue: str, row: Any | None) -> None:
         base = next(qc for qc in self.config.queues if qc.name == queue)
         cfg, poll = overrides.effective(base, self.config.poll_interval.total_seconds(), row)
         self.dispatchers[queue].reconfigure(cfg, poll)
 
+    def service(self, name: str) -> PeriodicService:
+        """The service called ``name`` (tests drive them with ``run_once``)."""
+        return next(s for s in self.services if s.name == name)
 
     async def register(self, schedules: dict[str, CronSchedule],
                        declared: dict[tuple[Scope, str], dict[str, Any]] | None = None) -> None:
@@ -170,13 +173,10 @@ class Runtime:
 
     async def start(self) -> None:
         telemetry.detect()
-        # Claims go through their own small pool whose commits do not wait for
-        # the WAL flush: a claim a server crash forgets only means the job runs
-        # again (its stale completion is dropped by the lease guard), while the
-        # completion's synchronous commit flushes the claim's WAL record too.
+        # Claims go through their own small pool, so they never queue behind
+        # outcomes; they commit asynchronously (see attempt_claim).
         self._claim_pool = await create_pool(self._url, max_connections=2,
-                                             application_name="awa-claim",
-                                             synchronous_commit=False)
+                                             application_name="awa-claim")
         for d in self.dispatchers.values():
             d.use_pool(self._claim_pool)
         self.completer.start()
@@ -343,26 +343,65 @@ class Runtime:
                 attempt.ctx._notify()
 
     async def _listen_loop(self) -> None:
-        """Keep a LISTEN connection open; reconnect after failures, poll meanwhile."""
+        """Keep a LISTEN connection open; reconnect after failures, poll meanwhile.
+
+        Behind a pooler, LISTEN is first proven with a NOTIFY sent through the
+        pool; a transaction pooler never delivers it, and the worker polls."""
         delay = 0.1
+        poll_ms = round(self.config.poll_interval.total_seconds() * 1000)
+        if dsn.parse(self._url).pooler:
+            log.info("pgbouncer=true: LISTEN/NOTIFY is not used behind a transaction "
+                     "pooler; polling every %d ms", poll_ms)
+            return
         while not self._stop_services.is_set():
+            listener = self._listener
             try:
-                if self._listener is None or self._listener.is_closed():
-                    self._listener = await asyncpg.connect(self._url)
-                    await self._listener.add_listener("awa_jobs", self._on_notify)
-                    await self._listener.add_listener("awa_cancel", self._on_notify)
-                    await self._listener.add_listener("awa_callback", self._on_notify)
+                if listener is None or listener.is_closed():
+                    self._listener = None
+                    listener = await connect(self._url)
+                    if await behind_pooler(self._url) and not await self._notify_reaches(
+                            listener):
+                        await listener.close()
+                        log.warning("LISTEN/NOTIFY does not work through this connection "
+                                    "pooler (transaction pooling?); polling every %d ms",
+                                    poll_ms)
+                        return
+                    await listener.add_listener("awa_jobs", self._on_notify)
+                    await listener.add_listener("awa_cancel", self._on_notify)
+                    await listener.add_listener("awa_callback", self._on_notify)
+                    self._listener = listener
                     for d in self.dispatchers.values():
                         d.wake()  # catch up on anything sent while disconnected
                     delay = 0.1
                 await asyncio.sleep(self.config.poll_interval.total_seconds())
             except asyncio.CancelledError:
+                if listener is not None and listener is not self._listener:
+                    listener.terminate()
                 raise
             except Exception as exc:
-                log.warning("LISTEN connection unavailable (%s); polling", exc)
+                log.warning("LISTEN connection unavailable (%s); polling every %d ms",
+                            redact(str(exc)), poll_ms)
+                if listener is not None and listener is not self._listener:
+                    listener.terminate()
                 self._listener = None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    async def _notify_reaches(self, listener: asyncpg.Connection) -> bool:
+        """Send a NOTIFY through the pool; True if ``listener`` receives it."""
+        channel = f"awa_probe_{uuid.uuid4().hex}"
+        arrived = asyncio.Event()
+
+        def received(*_: object) -> None:
+            arrived.set()
+        await listener.add_listener(channel, received)
+        await self._pool.execute(self._q["connection_notify_probe"], channel)
+        try:
+            await asyncio.wait_for(arrived.wait(), LISTEN_PROBE_TIMEOUT)
+        except TimeoutError:
+            return False
+        await listener.remove_listener(channel, received)
+        return True
 
     @property
     def listening(self) -> bool:

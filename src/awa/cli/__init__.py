@@ -19,6 +19,7 @@ import click
 import awa
 from awa.cli.progress import Bar, bars_enabled
 from awa.db import migrations
+from awa.db.dsn import redact
 from awa.db.errors import translated
 from awa.errors import AwaError
 
@@ -27,7 +28,7 @@ def _run(coro: Any) -> Any:
     try:
         return asyncio.run(coro)
     except (AwaError, ValueError, TypeError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {redact(str(exc))}", err=True)
         sys.exit(1)
 
 
@@ -65,6 +66,21 @@ def migrate(obj: dict[str, Any], print_sql: bool) -> None:
     with Bar("migrating", enabled=bars_enabled()) as bar:
         applied = _run(go())
     click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
+
+
+@main.command()
+@click.argument("role")
+@click.option("--read-only", is_flag=True, help="SELECT only (a read-only web UI).")
+@click.pass_obj
+def grants(obj: dict[str, Any], role: str, read_only: bool) -> None:
+    """Print the GRANTs for ROLE (runtime, or --read-only); run them as the owner."""
+    from awa.db.roles import grants_sql
+
+    try:
+        click.echo(grants_sql(role, read_only=read_only, schema=obj["schema"]), nl=False)
+    except AwaError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
 
 
 def _parse_value(text: str) -> Any:

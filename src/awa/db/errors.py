@@ -1,4 +1,8 @@
-"""Translate driver exceptions into the `awa.errors` tree, at one boundary."""
+"""Translate driver exceptions into the `awa.errors` tree, at one boundary.
+
+Messages pass through `awa.db.dsn.redact`, so no database password reaches
+an Awa error even if a driver message quoted a URL.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
+from awa.db.dsn import redact
 from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
 
 UNIQUE_CONSTRAINT = "awa_unique_claim"
@@ -23,13 +28,13 @@ def translate(exc: BaseException) -> AwaError | None:
             suffix = f" (held by job {holder})" if holder is not None else ""
             return UniqueConflict(f"a job with the same unique key already exists{suffix}",
                                   conflicting_job_id=holder)
-        return DatabaseError(str(exc))
+        return DatabaseError(redact(str(exc)))
     if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.InvalidSchemaNameError
                   | asyncpg.UndefinedObjectError | asyncpg.UndefinedFunctionError):
-        return SchemaNotMigrated(f"the Awa schema is missing or out of date ({exc}); "
+        return SchemaNotMigrated(f"the Awa schema is missing or out of date ({redact(str(exc))}); "
                                  "run `awa migrate` or `client.migrate()`")
     if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
-        return DatabaseError(f"{type(exc).__name__}: {exc}")
+        return DatabaseError(f"{type(exc).__name__}: {redact(str(exc))}")
     return None
 
 

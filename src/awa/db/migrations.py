@@ -81,6 +81,7 @@ async def apply(conn: Conn, schema: str = "awa", *,
     schema = validate_schema(schema)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _LOCK_CLASS, schema)
+        # sql-safe: schema passed validate_schema() above ([a-z_][a-z0-9_]*) and is quoted
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         await conn.execute(bind_schema(
             "CREATE TABLE IF NOT EXISTS awa.schema_migrations ("

@@ -1,4 +1,13 @@
-"""Connections: the asyncpg pool with Awa's codecs, and the default URL."""
+"""Connections: the asyncpg pool with Awa's codecs, pooler detection, the default URL.
+
+Behind a transaction-pooling PgBouncer (or any pooler that hands each
+transaction to whichever server connection is free) nothing may rely on
+session state: the driver must not cache prepared statements, settings are
+made per transaction, and LISTEN does not work. Awa knows it is behind one
+when the URL says ``pgbouncer=true`` (see `awa.db.dsn`), or when the backend
+process id the server announces at connection start is not the one
+``pg_backend_pid()`` reports: only a pooler in between makes them differ.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,9 @@ from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
+
+from awa.db import dsn
+from awa.db.queries import queries
 
 #: A connection as Awa code receives it: direct, or borrowed from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -60,20 +72,51 @@ class AwaConnection(asyncpg.Connection):
         return ""
 
 
-async def create_pool(database_url: str, *, max_connections: int = 10,
-                      application_name: str = "awa",
-                      synchronous_commit: bool = True) -> asyncpg.Pool:
-    """A pool whose connections all carry Awa's codecs.
+_detected: dict[str, bool] = {}
 
-    ``synchronous_commit=False`` is only for the claim pool (see
-    docs/architecture.md): a claim that a server crash forgets just makes the
-    job run again, while every outcome commits synchronously.
+
+async def behind_pooler(database_url: str) -> bool:
+    """True if connections to ``database_url`` go through a pooler (declared or
+    detected once per URL and process)."""
+    target = dsn.parse(database_url)
+    if target.pooler is not None:
+        return target.pooler
+    if target.dsn not in _detected:
+        conn = await asyncpg.connect(target.dsn, statement_cache_size=0,
+                                     server_settings={"application_name": "awa-probe"})
+        try:
+            backend = await conn.fetchval(queries()["connection_backend_pid"])
+        finally:
+            await conn.close()
+        _detected[target.dsn] = backend != conn.get_server_pid()
+    return _detected[target.dsn]
+
+
+def driver_options(pooled: bool) -> dict[str, Any]:
+    """asyncpg options for a direct or a pooled connection: behind a pooler,
+    statements are never prepared by name (the next one may reach another server)."""
+    return {"statement_cache_size": 0} if pooled else {}
+
+
+async def connect(database_url: str) -> asyncpg.Connection:
+    """One connection outside any pool (the LISTEN connection), pooler-aware."""
+    pooled = await behind_pooler(database_url)
+    return await asyncpg.connect(dsn.parse(database_url).dsn, **driver_options(pooled))
+
+
+async def create_pool(database_url: str, *, max_connections: int = 10,
+                      application_name: str = "awa") -> asyncpg.Pool:
+    """A pool whose connections all carry Awa's codecs, fit for a pooler when
+    one is declared or detected.
+
+    Connections carry no session settings beyond ``application_name`` (which
+    PgBouncer forwards): the claim statement turns ``synchronous_commit`` off
+    for its own transaction (see docs/architecture.md).
     """
-    settings = {"application_name": application_name}
-    if not synchronous_commit:
-        settings["synchronous_commit"] = "off"
+    pooled = await behind_pooler(database_url)
     pool = await asyncpg.create_pool(
-        database_url, min_size=1, max_size=max_connections, init=init_connection,
-        server_settings=settings, connection_class=AwaConnection)
+        dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
+        init=init_connection, server_settings={"application_name": application_name},
+        connection_class=AwaConnection, **driver_options(pooled))
     assert pool is not None
     return pool

@@ -7,8 +7,12 @@
 -- interval in seconds, 0 = off), FIFO within a priority. The best candidates
 -- of each raw priority are its oldest, so four short index scans find the
 -- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
+-- The claim commits asynchronously: synchronous_commit is turned off for this
+-- statement's own transaction (no session setting, so it works behind
+-- transaction poolers; see docs/architecture.md).
 WITH open AS (
-    SELECT NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
+    SELECT set_config('synchronous_commit', 'off', true) = 'off'
+           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND (SELECT ok FROM open)

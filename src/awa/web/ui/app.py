@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 
 from awa.client import AsyncClient
 from awa.db.pool import Conn
-from awa.errors import AwaError, JobNotFound, ValidationError
+from awa.errors import AwaError, DatabaseError, JobNotFound, ValidationError
 from awa.web.ui import actions
 
 STATIC = resources.files("awa.web.ui").joinpath("static")
@@ -111,6 +111,8 @@ def _guard(state: UiState, handler: Handler, *, mutation: bool) -> Handler:
             return _error(404, str(exc))
         except ValidationError as exc:
             return _error(400, str(exc), field=exc.field, rule=exc.rule)
+        except DatabaseError as exc:  # redacted: no password ever reaches a response
+            return _error(503, f"database unavailable: {exc}")
         except AwaError as exc:
             return _error(409, str(exc))
         except asyncpg.QueryCanceledError:
@@ -133,7 +135,10 @@ def ui_app(database_url: str | None = None, *, client: AsyncClient | None = None
     async def config(request: Request) -> Response:
         from awa import __version__
 
-        ro = await state.read_only() if _authorized(state, request) else True
+        try:
+            ro = await state.read_only() if _authorized(state, request) else True
+        except DatabaseError as exc:
+            return _error(503, f"database unavailable: {exc}")
         return JSONResponse({"read_only": ro, "auth_required": state.token is not None,
                              "authorized": _authorized(state, request), "version": __version__})
 
