@@ -25,6 +25,7 @@ Executor = asyncpg.Connection | asyncpg.Pool
 
 async def get_job(db: Executor, q: Queries, job_id: int) -> Job:
     """The job with ``job_id`` wherever it lives; `JobNotFound` if none."""
+    producer.check_id("job_id", job_id)
     with translated():
         row = await db.fetchrow(q["job_get"], job_id)
     if row is None:
@@ -37,6 +38,8 @@ async def list_jobs(db: Executor, q: Queries, *, state: JobState | str | None = 
                     limit: int = 100) -> list[Job]:
     """Newest first, filtered by state, kind and queue."""
     limit = producer.check_int("limit", limit, 1, 10_000)
+    kind = producer.check_name("kind", kind) if kind is not None else None
+    queue = producer.check_name("queue", queue) if queue is not None else None
     with translated():
         if state is None:
             rows = await db.fetch(q["job_list_any"], kind, queue, limit)
@@ -56,6 +59,7 @@ async def dump_job(db: Executor, q: Queries, job_id: int) -> str:
 async def cancel(db: Executor, q: Queries, job_id: int, *,
                  retention: timedelta = states.FAILED_RETENTION) -> Job | None:
     """Cancel an unfinished job (a running handler is told); None if already finished."""
+    producer.check_id("job_id", job_id)
     with translated():
         row = await db.fetchrow(q["job_cancel"], job_id, retention)
     if row is None:
@@ -71,8 +75,12 @@ async def cancel_by_unique_key(db: Executor, q: Queries, kind: str, *, queue: st
     producer.check_name("kind", kind)
     if queue is not None:
         producer.check_name("queue", queue)
+    if period_bucket is not None:
+        producer.check_int("period_bucket", period_bucket, producer.ID_MIN, producer.ID_MAX)
     by_args = args is not None
     args_dict = producer.args_to_dict(args)[1] if by_args else {}
+    if by_args:
+        producer.dumps(args_dict, "args")
     key = producer.unique_key(kind, queue or "", args_dict, queue is not None, by_args,
                               period_bucket)
     with translated():
@@ -82,6 +90,7 @@ async def cancel_by_unique_key(db: Executor, q: Queries, kind: str, *, queue: st
 
 async def retry(db: Executor, q: Queries, job_id: int) -> Job:
     """Send a failed, cancelled or callback-waiting job back to available, attempt 0."""
+    producer.check_id("job_id", job_id)
     with translated():
         row = await db.fetchrow(q["job_retry_finished"], job_id)
         if row is None:
@@ -96,6 +105,8 @@ async def retry(db: Executor, q: Queries, job_id: int) -> Job:
 async def pause_queue(db: Executor, q: Queries, queue: str, paused_by: str | None = None) -> None:
     """Stop claiming from ``queue`` (inserts still succeed)."""
     producer.check_name("queue", queue)
+    if paused_by is not None:
+        producer.check_text("paused_by", paused_by)
     with translated():
         await db.execute(q["queue_pause"], queue, paused_by)
 
@@ -136,8 +147,8 @@ async def retry_failed(db: Executor, q: Queries, *, kind: str | None = None,
         raise ValidationError("kind/queue", "specify exactly one of kind or queue")
     with translated():
         rows = await db.fetch(q["job_retry_failed_bulk"],
-                              producer.check_name("kind", kind) if kind else None,
-                              producer.check_name("queue", queue) if queue else None)
+                              producer.check_name("kind", kind) if kind is not None else None,
+                              producer.check_name("queue", queue) if queue is not None else None)
     jobs = [Job.from_row(r) for r in rows]
     return RetryFailedResult(jobs=jobs, matched=len(jobs))
 

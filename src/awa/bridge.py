@@ -38,11 +38,10 @@ from awa.errors import (
     DatabaseError,
     SchemaNotMigrated,
     UniqueConflict,
-    ValidationError,
 )
 from awa.model import Job
 from awa.options import InsertOptions
-from awa.producer import dumps, prepare
+from awa.producer import check_text, dumps, prepare
 
 __all__ = [
     "complete_external_in", "complete_external_in_sync", "fail_external_in",
@@ -398,9 +397,7 @@ def _callback_call(action: str, callback_id: Any, arg: Any) -> tuple[str, tuple[
     if action == "complete":
         return "callback_complete", (cid, dumps(arg, "payload"), states.COMPLETED_RETENTION)
     if action == "fail":
-        if not isinstance(arg, str) or "\x00" in arg:
-            raise ValidationError("error", "must be a string without NUL bytes")
-        return "callback_fail", (cid, arg, states.FAILED_RETENTION)
+        return "callback_fail", (cid, check_text("error", arg), states.FAILED_RETENTION)
     if action == "retry":
         return "callback_retry", (cid,)
     if action == "resume":

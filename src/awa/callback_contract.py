@@ -26,14 +26,16 @@ def _key(secret: bytes | str) -> bytes:
 
 def sign(secret: bytes | str, callback_id: str) -> str:
     """Hex signature of ``callback_id`` under ``secret``."""
-    return blake3.blake3(str(callback_id).encode(), key=_key(secret)).hexdigest()
+    data = str(callback_id).encode("utf-8", "surrogatepass")
+    return blake3.blake3(data, key=_key(secret)).hexdigest()
 
 
 def verify(secret: bytes | str, callback_id: str, signature: str | None) -> bool:
     """True if ``signature`` is the valid signature of ``callback_id`` (constant time)."""
     if not signature:
         return False
-    return hmac.compare_digest(sign(secret, callback_id), signature.strip().lower())
+    given = signature.strip().lower().encode("utf-8", "surrogatepass")  # any header text
+    return hmac.compare_digest(sign(secret, callback_id).encode(), given)
 
 
 def build_callback_url(base: str, prefix: str, callback_id: str, action: str) -> str:

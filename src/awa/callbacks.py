@@ -10,7 +10,6 @@ happens exactly once; the loser of a race gets `CallbackNotFound`.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,12 +38,8 @@ def parse_callback_id(callback_id: Any) -> uuid.UUID:
 
 
 def check_timeout(timeout_seconds: Any) -> float:
-    """A finite, non-negative number of seconds, else `ValidationError`."""
-    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float):
-        raise ValidationError("timeout_seconds", "must be a number of seconds")
-    if not math.isfinite(timeout_seconds) or timeout_seconds < 0:
-        raise ValidationError("timeout_seconds", "must be finite and >= 0")
-    return float(timeout_seconds)
+    """A finite, non-negative number of seconds (at most 100 years), else `ValidationError`."""
+    return producer.check_seconds("timeout_seconds", timeout_seconds)
 
 
 @asynccontextmanager
@@ -90,10 +85,7 @@ async def fail_external(db: Executor, q: Queries, callback_id: Any, error: str,
                         *, retention: timedelta = states.FAILED_RETENTION,
                         followups: FollowUpRegistry | None = None) -> Job:
     """Fail the job waiting on ``callback_id`` with ``error``."""
-    if not isinstance(error, str):
-        raise ValidationError("error", "must be a string")
-    if "\x00" in error:
-        raise ValidationError("error", "must not contain NUL bytes")
+    producer.check_text("error", error)
     return await _resolve(db, q, "callback_fail", callback_id, error, retention,
                           trigger="exhausted", followups=followups)
 

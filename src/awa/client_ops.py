@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from awa import admin, callbacks, cron, dlq
+from awa import admin, callbacks, cron, dlq, producer
 from awa.db.errors import translated
 from awa.db.queries import Queries
 from awa.dlq import DlqEntry
@@ -201,6 +201,7 @@ class AdminOps:
 
     async def delete_cron_job(self, name: str) -> bool:
         """Remove a schedule; False if there was none."""
+        producer.check_name("name", name)
         pool = await self.pool()
         with translated():
             status = await pool.execute(self._q["cron_delete"], name)
@@ -208,18 +209,21 @@ class AdminOps:
 
     async def pause_cron_job(self, name: str) -> bool:
         """Stop firing a schedule (False if unknown)."""
+        producer.check_name("name", name)
         pool = await self.pool()
         with translated():
             return await pool.fetchrow(self._q["cron_set_paused"], name, True) is not None
 
     async def resume_cron_job(self, name: str) -> bool:
         """Fire a paused schedule again, from its next fire time after now."""
+        producer.check_name("name", name)
         pool = await self.pool()
         with translated():
             return await pool.fetchrow(self._q["cron_set_paused"], name, False) is not None
 
     async def trigger_cron_job(self, name: str) -> Job:
         """Enqueue a schedule's job now, outside its timetable."""
+        producer.check_name("name", name)
         with translated():
             job = await cron.trigger_now(await self.pool(), self._q, name)
         if job is None:

@@ -48,6 +48,20 @@ def _opt_name(field: str, value: str | None) -> str | None:
     return producer.check_name(field, value) if value is not None else None
 
 
+def _opt_text(field: str, value: str | None) -> str | None:
+    return producer.check_text(field, value) if value is not None else None
+
+
+def _opt_id(field: str, value: int | None) -> int | None:
+    return producer.check_id(field, value) if value is not None else None
+
+
+def _check_reason(reason: Any) -> str:
+    if not isinstance(reason, str) or not reason:
+        raise ValidationError("reason", "must be a non-empty string")
+    return producer.check_text("reason", reason)
+
+
 def _opt_time(field: str, value: datetime | None) -> datetime | None:
     if value is None:
         return None
@@ -64,11 +78,13 @@ async def list_dlq(db: Executor, q: Queries, *, kind: str | None = None,
     producer.check_int("limit", limit, 1, 10_000)
     with translated():
         rows = await db.fetch(q["dlq_list"], _opt_name("kind", kind), _opt_name("queue", queue),
-                              tag, before_id, _opt_time("before_dlq_at", before_dlq_at), limit)
+                              _opt_text("tag", tag), _opt_id("before_id", before_id),
+                              _opt_time("before_dlq_at", before_dlq_at), limit)
     return [DlqEntry.from_row(r) for r in rows]
 
 
 async def get_dlq_job(db: Executor, q: Queries, job_id: int) -> DlqEntry | None:
+    producer.check_id("job_id", job_id)
     with translated():
         row = await db.fetchrow(q["dlq_get"], job_id)
     return DlqEntry.from_row(row) if row is not None else None
@@ -89,6 +105,7 @@ async def retry_from_dlq(db: Executor, q: Queries, job_id: int, *,
                          run_at: datetime | None = None, priority: int | None = None,
                          queue: str | None = None) -> Job | None:
     """Re-enqueue one dead-lettered job (attempt 0); None if it is not in the DLQ."""
+    producer.check_id("job_id", job_id)
     if priority is not None:
         producer.check_int("priority", priority, 1, 4)
     with translated():
@@ -103,15 +120,15 @@ async def bulk_retry_from_dlq(db: Executor, q: Queries, *, kind: str | None = No
     _require_filter("bulk_retry_from_dlq", allow_all, kind, queue, tag)
     with translated():
         rows = await db.fetch(q["dlq_retry"], None, None, None, None, _opt_name("kind", kind),
-                              _opt_name("queue", queue), tag)
+                              _opt_name("queue", queue), _opt_text("tag", tag))
     return len(rows)
 
 
 async def move_failed_to_dlq(db: Executor, q: Queries, job_id: int,
                              reason: str = "manual") -> DlqEntry | None:
     """Move one failed job into the DLQ; None if it is not a failed job."""
-    if not isinstance(reason, str) or not reason or "\x00" in reason:
-        raise ValidationError("reason", "must be a non-empty string")
+    producer.check_id("job_id", job_id)
+    _check_reason(reason)
     with translated():
         rows = await db.fetch(q["dlq_move_failed"], job_id, reason, None, None, None)
     return DlqEntry.from_row(rows[0]) if rows else None
@@ -122,12 +139,14 @@ async def bulk_move_failed_to_dlq(db: Executor, q: Queries, *, kind: str | None 
                                   reason: str = "manual", allow_all: bool = False) -> int:
     _require_filter("bulk_move_failed_to_dlq", allow_all, kind, queue, tag)
     with translated():
-        rows = await db.fetch(q["dlq_move_failed"], None, reason, _opt_name("kind", kind),
-                              _opt_name("queue", queue), tag)
+        rows = await db.fetch(q["dlq_move_failed"], None, _check_reason(reason),
+                              _opt_name("kind", kind), _opt_name("queue", queue),
+                              _opt_text("tag", tag))
     return len(rows)
 
 
 async def purge_dlq_job(db: Executor, q: Queries, job_id: int) -> bool:
+    producer.check_id("job_id", job_id)
     with translated():
         status = await db.execute(q["dlq_purge"], job_id, None, None, None, None, None)
     return status.endswith(" 1")
@@ -140,6 +159,7 @@ async def purge_dlq(db: Executor, q: Queries, *, kind: str | None = None,
     _require_filter("purge_dlq", allow_all, kind, queue, tag, before_id, before_dlq_at)
     with translated():
         status = await db.execute(q["dlq_purge"], None, _opt_name("kind", kind),
-                                  _opt_name("queue", queue), tag, before_id,
+                                  _opt_name("queue", queue), _opt_text("tag", tag),
+                                  _opt_id("before_id", before_id),
                                   _opt_time("before_dlq_at", before_dlq_at))
     return int(status.rsplit(" ", 1)[-1])

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from awa import owned, producer, states, telemetry
 from awa.context import AttemptDb, JobContext
-from awa.errors import SerializationError, TerminalError, ValidationError
+from awa.errors import SerializationError, TerminalError
 from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
 from awa.tasks import Registry
 
@@ -50,9 +50,8 @@ def describe_error(exc: BaseException) -> str:
 
 
 def _seconds(field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValidationError(field, "must be a number of seconds >= 0")
-    return float(value)
+    # Bounded, so the outcome's write cannot overflow a timestamp and leave the job running.
+    return producer.check_seconds(field, value)
 
 
 def outcome_of(result: Any, job: Job) -> Outcome:

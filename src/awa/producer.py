@@ -78,7 +78,18 @@ def dumps(value: Any, field: str) -> str:
         raise SerializationError(f"{field}: {exc}") from exc
     if "\\u0000" in text and _contains_nul(value):
         raise ValidationError(field, "must not contain NUL bytes")
+    if not text.isascii():
+        _check_encodable(field, text)
     return text
+
+
+def _check_encodable(field: str, text: str) -> None:
+    # PostgreSQL text is UTF-8: a lone surrogate (e.g. from json.loads('"\\ud800"'))
+    # would fail in the driver, or inside a follow-up's completion transaction.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValidationError(field, "must be valid Unicode (no lone surrogates)") from None
 
 
 def _canonical_float(x: float) -> str:
@@ -141,22 +152,53 @@ def args_to_dict(args: Any) -> tuple[str | None, dict[str, Any]]:
         f"args: expected a dataclass, a pydantic model or a dict, got {type(args).__name__}")
 
 
+def check_text(field: str, value: Any) -> str:
+    """A string PostgreSQL can store as text: no NUL bytes, no lone surrogates."""
+    if not isinstance(value, str):
+        raise ValidationError(field, "must be a string")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL bytes")
+    if not value.isascii():
+        _check_encodable(field, value)
+    return value
+
+
 def check_name(field: str, value: Any) -> str:
+    """A kind, queue or other name: 1-200 characters of storable text."""
     if not isinstance(value, str):
         raise ValidationError(field, "must be a string")
     if not 1 <= len(value) <= states.NAME_MAX_LEN:
         raise ValidationError(field, f"must be 1-{states.NAME_MAX_LEN} characters")
-    if "\x00" in value:
-        raise ValidationError(field, "must not contain NUL bytes")
-    return value
+    return check_text(field, value)
 
 
 def check_int(field: str, value: Any, low: int, high: int) -> int:
+    """An int (not a bool) within ``low..high``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(field, "must be an integer")
     if not low <= value <= high:
         raise ValidationError(field, f"must be between {low} and {high}")
     return value
+
+
+#: Job ids are PostgreSQL bigints.
+ID_MIN, ID_MAX = -(2**63), 2**63 - 1
+#: The longest delay or timeout accepted (RetryAfter, Snooze, callback timeouts).
+MAX_SECONDS = 100 * 365 * 86400
+
+
+def check_id(field: str, value: Any) -> int:
+    """A job id: an int (not a bool or float) that fits a bigint."""
+    return check_int(field, value, ID_MIN, ID_MAX)
+
+
+def check_seconds(field: str, value: Any) -> float:
+    """A finite number of seconds in ``0..MAX_SECONDS`` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(field, "must be a number of seconds")
+    if not 0 <= value <= MAX_SECONDS:  # also false for NaN
+        raise ValidationError(field, f"must be finite, >= 0 and <= {MAX_SECONDS}")
+    return float(value)
 
 
 def _check_tags(tags: Any) -> list[str]:
@@ -169,8 +211,7 @@ def _check_tags(tags: Any) -> list[str]:
     for tag in tags:
         if not isinstance(tag, str):
             raise ValidationError("tags", "must be a list of strings")
-        if "\x00" in tag:
-            raise ValidationError("tags", "must not contain NUL bytes")
+        check_text("tags", tag)
     return list(tags)
 
 
@@ -297,9 +338,10 @@ def _with_args(o: _Options, args: Any) -> PreparedJob:
     if o.kind is None:
         check_name("kind", kind)
     unique = o.unique
+    args_json = dumps(args_dict, "args")  # validates before the key hashes the args
     key = unique_key(kind, o.queue, args_dict, *unique[:3]) if unique else None
     return PreparedJob(
-        kind=kind, queue=o.queue, args=args_dict, args_json=dumps(args_dict, "args"),
+        kind=kind, queue=o.queue, args=args_dict, args_json=args_json,
         priority=o.priority, max_attempts=o.max_attempts, run_at=o.run_at, tags=o.tags,
         metadata_json=o.metadata_json, unique_key=key,
         unique_states=unique[3] if unique else None, ordering_key=o.ordering_key)

@@ -98,9 +98,10 @@ def dlq_list(obj: dict[str, Any], kind: str | None, queue: str | None, tag: str 
 @click.pass_obj
 def dlq_depth(obj: dict[str, Any], queue: str | None, as_json: bool) -> None:
     """How many jobs are dead-lettered, per queue."""
-    by_queue = run_with_client(obj, lambda c: c.dlq_depth_by_queue())
-    if queue is not None:
-        by_queue = {queue: by_queue.get(queue, 0)}
+    if queue is not None:  # validated like every queue name
+        by_queue = {queue: run_with_client(obj, lambda c: c.dlq_depth(queue=queue))}
+    else:
+        by_queue = run_with_client(obj, lambda c: c.dlq_depth_by_queue())
     emit(by_queue, as_json)
 
 

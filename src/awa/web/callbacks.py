@@ -78,7 +78,8 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
             return
         callback_id, action = match["id"], match["action"]
         if secret is not None:
-            headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1")  # HTTP header bytes
+                       for k, v in scope.get("headers", [])}
             signature = headers.get(callback_contract.SIGNATURE_HEADER.lower())
             if not callback_contract.verify(secret, callback_id, signature):
                 await _respond(send, 401, {"error": "missing or invalid signature"})

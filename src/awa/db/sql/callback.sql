@@ -39,10 +39,12 @@ WHERE r.created_at < now() - interval '1 minute'
 
 -- name: callback_park
 -- The handler returned WaitForCallback: park and free the slot. If the
--- callback was already resumed (early callback), the job is re-dispatched.
+-- callback was already resumed (early callback), the job is re-dispatched to
+-- continue the same attempt, which the next claim must not count again.
 UPDATE awa.jobs
 SET state = CASE WHEN callback_id = $3 THEN 'waiting_external'
                  ELSE 'available' END::awa.job_state,
+    attempt = CASE WHEN callback_id = $3 THEN attempt ELSE greatest(attempt - 1, 0) END,
     run_at = now(), heartbeat_at = NULL, deadline_at = NULL, progress = coalesce($4, progress)
 WHERE id = $1 AND run_lease = $2 AND state = 'running'
   AND (callback_id = $3 OR (callback_id IS NULL AND metadata->>'awa:resumed_callback' = $3::text))
@@ -107,18 +109,22 @@ WITH moved AS (
 SELECT both_.*, pg_notify('awa_callback', both_.id::text) AS notified FROM both_
 
 -- name: callback_retry
+-- The next run counts as a new attempt, but an explicit retry always grants
+-- one, even when the parked attempt was the last (attempt never passes max).
 UPDATE awa.jobs
 SET state = 'available', run_at = now(), callback_id = NULL, callback_timeout_at = NULL,
-    heartbeat_at = NULL, deadline_at = NULL
+    heartbeat_at = NULL, deadline_at = NULL, attempt = least(attempt, max_attempts - 1)
 WHERE callback_id = $1 AND state IN ('waiting_external', 'running')
 RETURNING *, pg_notify('awa_callback', id::text) AS notified
 
 -- name: callback_resume
 -- Back to running with the payload for the waiting handler. A job parked by a
 -- returned WaitForCallback has no live handler (no heartbeat): it is
--- re-dispatched instead, with the payload in its metadata.
+-- re-dispatched instead, with the payload in its metadata, to continue the
+-- same attempt (the next claim does not count it again).
 UPDATE awa.jobs
 SET state = CASE WHEN heartbeat_at IS NULL THEN 'available' ELSE 'running' END::awa.job_state,
+    attempt = CASE WHEN heartbeat_at IS NULL THEN greatest(attempt - 1, 0) ELSE attempt END,
     run_at = now(),
     heartbeat_at = CASE WHEN heartbeat_at IS NULL THEN NULL ELSE now() END,
     deadline_at = CASE WHEN heartbeat_at IS NOT NULL AND deadline_at IS NOT NULL
@@ -139,26 +145,45 @@ RETURNING *
 -- name: callback_rescue_expired
 -- Callbacks past their timeout: retryable with backoff, or failed when attempts
 -- are exhausted, with the error "callback timed out"; a live waiter is told.
-WITH expired AS (
+-- A parked job whose unique states exclude waiting_external released its key,
+-- and another job may hold it now: moving into a state the key covers would
+-- conflict (and abort the whole batch). Such a job fails instead when failed
+-- is not covered ('fail'), else it stays parked and is checked again after a
+-- backoff ('wait'). Of two parked jobs with one key in a batch, the first wins.
+WITH locked AS (
     SELECT id FROM awa.jobs
     WHERE state = 'waiting_external' AND callback_timeout_at < now()
     LIMIT $1 FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT j.id,
+           CASE WHEN j.unique_key IS NULL
+                  OR (j.unique_states & awa.state_bit(CASE WHEN j.attempt >= j.max_attempts
+                        THEN 'failed' ELSE 'retryable' END::awa.job_state)) = 0
+                  OR (NOT EXISTS (SELECT 1 FROM awa.unique_claims c
+                                  WHERE c.unique_key = j.unique_key AND c.job_id <> j.id)
+                      AND row_number() OVER (PARTITION BY j.unique_key ORDER BY j.id) = 1)
+                THEN 'normal'
+                WHEN (j.unique_states & awa.state_bit('failed')) = 0 THEN 'fail'
+                ELSE 'wait' END AS plan
+    FROM awa.jobs j JOIN locked USING (id)
 ), failing AS (
     DELETE FROM awa.jobs j USING expired e
-    WHERE j.id = e.id AND j.attempt >= j.max_attempts
-    RETURNING j, awa.dlq_enabled(j.queue) AS to_dlq
+    WHERE j.id = e.id AND (e.plan = 'fail' OR (e.plan = 'normal' AND j.attempt >= j.max_attempts))
+    RETURNING j, awa.dlq_enabled(j.queue) AS to_dlq,
+              CASE WHEN e.plan = 'fail' THEN 'callback timed out; another job holds its unique key'
+                   ELSE 'callback timed out' END AS reason
 ), failed AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $2::interval,
-                             awa.error_entry('callback timed out', (m.j).attempt, true)) f
+                             awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE NOT m.to_dlq
     RETURNING id, queue, kind, 'failed'::text AS outcome
 ), dead AS (
     INSERT INTO awa.dlq
     SELECT f.*, 'callback_timeout', now(), f.run_lease FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $2::interval,
-                             awa.error_entry('callback timed out', (m.j).attempt, true)) f
+                             awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE m.to_dlq
     RETURNING id, queue, kind, 'failed'::text AS outcome
 ), retried AS (
@@ -168,8 +193,12 @@ WITH expired AS (
                  || jsonb_build_array(awa.error_entry('callback timed out', j.attempt, false)),
         heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
     FROM expired e
-    WHERE j.id = e.id AND j.attempt < j.max_attempts
+    WHERE j.id = e.id AND e.plan = 'normal' AND j.attempt < j.max_attempts
     RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
+), postponed AS (
+    UPDATE awa.jobs j SET callback_timeout_at = now() + awa.retry_delay(j.attempt)
+    FROM expired e
+    WHERE j.id = e.id AND e.plan = 'wait'
 )
 SELECT r.*, pg_notify('awa_callback', r.id::text), pg_notify('awa_cancel', r.id::text)
 FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r

@@ -102,7 +102,7 @@ async def jobs_page(conn: Conn, q: Queries, *, state: str | None = None,
     parsed = JobState.parse(state) if state else None
     name = ("ui_jobs_all" if parsed is None
             else "ui_jobs_done" if parsed in TERMINAL else "ui_jobs_active")
-    search = (search or "").strip()[:200] or None
+    search = producer.check_text("q", (search or "").strip()[:200]) or None
     below = producer.check_int("cursor", cursor, 1, MAX_CURSOR) if cursor else MAX_CURSOR
     rows = await conn.fetch(q[name], below, parsed.value if parsed else None,
                             _opt("queue", queue), _opt("kind", kind), _opt("tag", tag),
