@@ -96,3 +96,14 @@ async def test_two_parked_duplicates_time_out_together(client: awa.AsyncClient,
     states = [(await client.get_job(j.id)).state for j in (first, second)]
     assert states == [awa.JobState.Retryable, awa.JobState.Failed]
     await check_invariants(conn)
+
+
+async def test_retry_failed_with_an_empty_name_is_refused(client: awa.AsyncClient) -> None:
+    """retry_failed(kind='') was read as 'no filter' and retried every failed job."""
+    for bad in ({"kind": ""}, {"queue": ""}):
+        try:
+            await client.retry_failed(**bad)
+        except awa.ValidationError as exc:
+            assert exc.field in ("kind", "queue")
+        else:
+            raise AssertionError(f"retry_failed({bad}) was accepted")
