@@ -38,7 +38,8 @@ DRIVERS = BENCH / "systems"
 MARK = "@@BENCH "
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-RUNNER_REQS = ["psycopg[binary]>=3.1"]
+# matplotlib: the PNG plots of bench/soak.py and bench/scheduled.py (never a package dependency)
+RUNNER_REQS = ["psycopg[binary]>=3.1", "matplotlib>=3.7"]
 # Every driver venv also gets psycopg, used only by the read-only verification queries.
 COMMON_REQS = ["psycopg[binary]>=3.1"]
 
@@ -60,7 +61,10 @@ SYSTEMS: dict[str, dict] = {
         "driver": "procrastinate.py",
         "reqs": ["procrastinate==3.10.0", "psycopg[binary,pool]>=3.1"],
     },
+    # The ceiling: the fewest statements PostgreSQL allows, no framework (systems/rawsql.py).
+    "raw-sql": {"db": "bench_rawsql", "driver": "rawsql.py", "reqs": ["asyncpg>=0.29"]},
 }
+CEILING = "raw-sql"  # drain throughput of every system is also reported as a fraction of it
 # Only these databases are ever created, dropped or analyzed: bench_<system> and
 # its template bench_<system>_tpl (the schema, installed once per run).
 ALLOWED_DBS = {s["db"] for s in SYSTEMS.values()} | {s["db"] + "_tpl" for s in SYSTEMS.values()}
@@ -98,6 +102,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="what to pip-install as the 'awa' system (default: the repo root)",
     )
     p.add_argument("--keep-dbs", action="store_true", help="leave the bench_* databases in place")
+    p.add_argument(
+        "--rawsql-async-claim",
+        action="store_true",
+        help="raw-sql claims commit with synchronous_commit=off for their own transaction, "
+        "as Awa's claims do (default: every raw-sql commit is synchronous)",
+    )
     a = p.parse_args(argv)
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
     a.scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
@@ -156,8 +166,9 @@ def stamp_of(reqs: list[str], extra: str = "") -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def ensure_runner() -> None:
-    """Re-exec inside bench/.venvs/_runner, creating it on first use."""
+def ensure_runner(script: str | Path | None = None) -> None:
+    """Re-exec `script` (default: this file) inside bench/.venvs/_runner, creating it on
+    first use.  bench/soak.py, scale_out.py and scheduled.py start the same way."""
     venv = VENVS / "_runner"
     if Path(sys.prefix).resolve() == venv.resolve():
         return
@@ -172,7 +183,7 @@ def ensure_runner() -> None:
         stamp.write_text(want)
     env = dict(os.environ, BENCH_BASE_PYTHON=base_python())
     py = str(venv_python(venv))
-    os.execve(py, [py, str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    os.execve(py, [py, str(Path(script or __file__).resolve()), *sys.argv[1:]], env)
 
 
 # ===========================================================================
@@ -309,40 +320,66 @@ class PgCpu:
         self.dbname = dbname
         self.base: dict[int, int] = {}
         self.last: dict[int, int] = {}
+        # Backends of *other* databases on this shared server: not counted as
+        # ours, but their CPU says how busy the server was with someone else
+        # (their WAL is in the server-wide WAL figure too).
+        self.other_base: dict[int, int] = {}
+        self.other_last: dict[int, int] = {}
         self.stop_ev = threading.Event()
         self.thread: threading.Thread | None = None
 
-    def _ours(self, pid: int) -> bool:
+    def _ours(self, pid: int) -> bool | None:
+        """True: ours; False: a backend of another database; None: gone."""
         try:
             raw = Path(f"/proc/{pid}/cmdline").read_bytes()
             cmd = raw.replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            return False
+            return None
         toks = cmd.split()
         if self.dbname in toks:
             return True
         return not any(_CLIENT_RE.match(t) for t in toks)  # auxiliary process
 
-    def _scan(self) -> dict[int, int]:
+    def _scan(self) -> tuple[dict[int, int], dict[int, int]]:
         out: dict[int, int] = {}
+        other: dict[int, int] = {}
         if not self.postmaster:
-            return out
+            return out, other
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
             pid = int(d)
             st = proc_stat(pid)
-            if st and st[0] == self.postmaster and self._ours(pid):
-                out[pid] = st[1]
-        return out
+            if st and st[0] == self.postmaster:
+                ours = self._ours(pid)
+                if ours:
+                    out[pid] = st[1]
+                elif ours is False:
+                    other[pid] = st[1]
+        return out, other
+
+    def _update(self) -> None:
+        ours, other = self._scan()
+        self.last.update(ours)
+        for pid, v in other.items():
+            self.other_base.setdefault(pid, 0)  # started during the window
+            self.other_last[pid] = v
 
     def _loop(self) -> None:
         while not self.stop_ev.wait(0.25):
-            self.last.update(self._scan())
+            self._update()
+
+    def other_cpu(self) -> float | None:
+        """CPU seconds of other databases' backends during the window."""
+        if not self.postmaster:
+            return None
+        ticks = sum(v - self.other_base.get(pid, v) for pid, v in self.other_last.items())
+        return ticks / CLK_TCK
 
     def start(self) -> None:
-        self.base = self._scan()
+        self.base, self.other_base = self._scan()
         self.last = dict(self.base)
+        self.other_last = dict(self.other_base)
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
@@ -352,7 +389,7 @@ class PgCpu:
             self.thread.join()
         if not self.postmaster:
             return None
-        self.last.update(self._scan())
+        self._update()
         ticks = sum(v - self.base.get(pid, 0) for pid, v in self.last.items())
         return ticks / CLK_TCK
 
@@ -552,6 +589,10 @@ def run_workers(
         p.wait_event("ready", 180)
     pg = PgCpu(postmaster, db)
     pg.start()
+    # WAL is server-wide: the systems run one after the other, so this window
+    # holds this system's writes (plus whatever other databases wrote meanwhile,
+    # see other_db_cpu_s).
+    lsn0 = admin.one("SELECT pg_current_wal_lsn()::text")
     t_go = time.time()
     for p in procs:
         p.send("go")
@@ -576,7 +617,16 @@ def run_workers(
     for p in procs:
         p.send("stop")
     results = [p.wait_event("result", 60) for p in procs]
+    wal = admin.one("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)::bigint", lsn0)
     pg_cpu = pg.stop()
+    other_cpu = pg.other_cpu()
+    # A transaction holding an XID anywhere on the server holds back the xmin horizon
+    # of every database: rows deleted during the drain can then be neither pruned nor
+    # skipped cheaply by index scans, which slows every queue that churns.
+    held = admin.conn.execute(
+        "SELECT datname, extract(epoch FROM now() - xact_start)::float8 FROM pg_stat_activity "
+        "WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 1"
+    ).fetchone()
     for p in procs:
         p.finish()
     handled = sum(r["handled"] for r in results)
@@ -596,6 +646,10 @@ def run_workers(
         "pg_cpu_s": pg_cpu,
         "worker_cpu_per_1k": worker_cpu / expect * 1000 if expect else None,
         "pg_cpu_per_1k": pg_cpu / expect * 1000 if (expect and pg_cpu is not None) else None,
+        "wal_bytes": wal,
+        "wal_per_job": wal / expect if expect else None,
+        "other_db_cpu_s": other_cpu,
+        "oldest_xact": {"db": held[0], "age_s": held[1]} if held else None,
         "results": results,
     }
     if timed_out:
@@ -667,15 +721,35 @@ METRICS = [
     ("insert-single", "jobs_per_s", "single insert, jobs/s", True),
     ("insert-bulk", "jobs_per_s", "bulk insert, jobs/s", True),
     ("drain-1w", "jobs_per_s", "drain 1 worker x32, jobs/s", True),
+    ("drain-1w", "ceiling_fraction", "drain 1w: share of the raw-SQL ceiling", True),
     ("drain-1w", "worker_cpu_per_1k", "drain 1w: worker CPU s / 1k jobs", False),
     ("drain-1w", "pg_cpu_per_1k", "drain 1w: Postgres CPU s / 1k jobs", False),
+    ("drain-1w", "wal_per_job", "drain 1w: WAL bytes / job", False),
     ("drain-2w", "jobs_per_s", "drain 2 workers x32, jobs/s", True),
+    ("drain-2w", "ceiling_fraction", "drain 2w: share of the raw-SQL ceiling", True),
     ("drain-2w", "worker_cpu_per_1k", "drain 2w: worker CPU s / 1k jobs", False),
     ("drain-2w", "pg_cpu_per_1k", "drain 2w: Postgres CPU s / 1k jobs", False),
+    ("drain-2w", "wal_per_job", "drain 2w: WAL bytes / job", False),
     ("latency", "p50_ms", "pickup latency p50, ms", False),
     ("latency", "p95_ms", "pickup latency p95, ms", False),
     ("latency", "p99_ms", "pickup latency p99, ms", False),
 ]
+# Rows whose ratio column would only repeat another row's (the share of the
+# ceiling is jobs/s divided by the same number for every system).
+NO_RATIO = {"ceiling_fraction"}
+
+
+def add_ceiling(report: dict) -> None:
+    """Each system's drain jobs/s as a fraction of the raw-SQL ceiling's, same run."""
+    res = report["results"]
+    for scen in ("drain-1w", "drain-2w"):
+        top, ok = cell(res, CEILING, scen, "jobs_per_s")
+        if not top or not ok:
+            continue
+        for s in report["systems"]:
+            r = res.get(s, {}).get(scen)
+            if r and "error_only" not in r and r.get("jobs_per_s"):
+                r["ceiling_fraction"] = r["jobs_per_s"] / top
 
 
 def fmt(v) -> str:
@@ -699,6 +773,8 @@ def ratios(report: dict) -> dict:
     res, base = report["results"], report["baseline"]
     out: dict = {}
     for scen, key, _label, _hib in METRICS:
+        if key in NO_RATIO:
+            continue
         b, bok = cell(res, base, scen, key)
         for s in report["systems"]:
             if s == base:
@@ -753,7 +829,8 @@ def markdown(report: dict) -> str:
                 row.append("error")
             else:
                 v, ok = cell(res, s, scen, key)
-                row.append(fmt(v) + ("" if ok else " ✗"))
+                text = f"{v:.0%}" if key == "ceiling_fraction" and v is not None else fmt(v)
+                row.append(text + ("" if ok else " ✗"))
         if have_base:
             for p in peers:
                 v = rat.get(f"{scen}.{key}", {}).get(p)
@@ -768,9 +845,32 @@ def markdown(report: dict) -> str:
     if have_base:
         lines.append(
             f"Ratios are {base} ÷ peer of the raw figure: >1 is better for jobs/s, "
-            "<1 is better for CPU and latency."
+            "<1 is better for CPU, WAL and latency."
+        )
+    if CEILING in systems:
+        lines.append(
+            f"`{CEILING}` is the ceiling: the fewest statements PostgreSQL allows for an "
+            "insert → claim → complete cycle (bench/systems/rawsql.py); each system's drain "
+            "rate is also shown as a share of it. WAL bytes are "
+            "`pg_wal_lsn_diff` over the drain (go → workers stopped), divided by N."
         )
     notes = []
+    for s in systems:
+        for scen in ("drain-1w", "drain-2w"):
+            r = res.get(s, {}).get(scen) or {}
+            busy = r.get("other_db_cpu_s")
+            if busy and busy > max(0.2, 0.1 * (r.get("seconds") or 0)):
+                notes.append(
+                    f"- {s} / {scen}: other databases' backends used {busy:.1f} CPU s during "
+                    f"the {r['seconds']:.1f} s drain; its WAL figure includes their writes"
+                )
+            held = r.get("oldest_xact")
+            if held and held["age_s"] > max(1.0, r.get("seconds") or 0):
+                notes.append(
+                    f"- {s} / {scen}: a transaction in database {held['db']} held an XID "
+                    f"for the whole drain ({held['age_s']:.0f} s): dead rows could not be "
+                    "pruned meanwhile, which slows claims"
+                )
     for s, why in report["skipped"].items():
         notes.append(f"- **{s} skipped**: {why}")
     for s in systems:
@@ -797,6 +897,8 @@ def main() -> None:
     if sys.version_info < (3, 11):  # noqa: UP036 - run.py is started by any python
         sys.exit("bench/run.py needs Python >= 3.11")
     ensure_runner()  # re-execs into bench/.venvs/_runner unless already there
+    if args.rawsql_async_claim:
+        os.environ["BENCH_RAWSQL_CLAIM_COMMIT"] = "off"  # read by systems/rawsql.py
 
     started = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -830,6 +932,7 @@ def main() -> None:
             "latency_rate": args.latency_rate,
             "concurrency": CONCURRENCY,
             "quick": args.quick,
+            "rawsql_claim_commit": "off" if args.rawsql_async_claim else "on",
         },
         "systems": args.systems,
         "scenarios": args.scenarios,
@@ -891,6 +994,7 @@ def main() -> None:
                         summary += (
                             f"  cpu/1k worker {fmt(r['worker_cpu_per_1k'])}s"
                             f" pg {fmt(r['pg_cpu_per_1k'])}s"
+                            f"  WAL/job {fmt(r.get('wal_per_job'))} B"
                         )
                 summary += (
                     "  verified"
@@ -910,6 +1014,7 @@ def main() -> None:
                 pass
 
     report["elapsed_seconds"] = time.time() - t_start
+    add_ceiling(report)
     report["ratios"] = ratios(report)
     md = markdown(report)
     RESULTS.mkdir(exist_ok=True)

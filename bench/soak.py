@@ -1,0 +1,656 @@
+#!/usr/bin/env python3
+"""Soak: a steady load on top of a big history, against a fresh database (issue 9, item 3).
+
+    python bench/soak.py                       # 30 min, 10M jobs of history, 70% of peak
+    python bench/soak.py --minutes 0.5 --history 20000 --baseline-minutes 0.5   # smoke
+
+1. **Peak**: bulk-insert --peak-jobs no-op jobs into a fresh database and drain
+   them with one worker process (concurrency 32) → jobs/s (skip with --peak R).
+2. **Fresh**: a freshly migrated database, no history; a producer offers
+   --rate-fraction x peak jobs/s for --baseline-minutes to one worker process.
+3. **Soak**: a fresh database seeded with --history finished jobs in
+   awa.jobs_done (hourly partitions, prune_after spread over [now-1h, now+23h],
+   1 in 500 failed), then the same offered load for --minutes.
+
+The producer inserts what is due every 10 ms with one COPY (enqueue_many_copy),
+each job carrying sent_at = time.time() taken just before its insert; the
+handler's first action records time.time() - sent_at (pickup latency).  Every
+--sample-seconds the orchestrator reads the worker's window (jobs handled,
+pickup p50/p99) and the database: n_dead_tup and total size of awa.jobs,
+awa.jobs_done (all partitions) and awa.dlq, partition count, expired
+partitions still present, WAL written.  Output: bench/results/soak.json,
+soak.md and soak_{throughput,p99,dead_tuples,table_size}.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from array import array
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DB = "bench_soak"
+QUEUE = "bench"
+CONCURRENCY = 32
+
+
+# ===========================================================================
+# roles: run with bench/.venvs/awa's python (`--role worker|produce`)
+
+
+def _job_type():
+    from dataclasses import dataclass
+
+    @dataclass
+    class BenchJob:  # kind "bench_job", as bench/systems/awa.py
+        seq: int
+        sent_at: float = 0.0
+
+    return BenchJob
+
+
+async def role_worker(a) -> None:
+    """One awa worker process; on "sample" reports the window since the last sample."""
+    import awa
+
+    sys.path.insert(0, str(HERE / "systems"))
+    import benchkit
+
+    BenchJob = _job_type()
+    stdin = benchkit._Stdin(asyncio.get_running_loop())
+    client = awa.AsyncClient(a.url, max_connections=10)
+    buf: dict = {"w": [], "n": 0}
+    warm = array("d")
+
+    @client.task(BenchJob, queue=QUEUE)
+    async def handle(job):
+        buf["w"].append(time.time() - job.args.sent_at)
+        buf["n"] += 1
+
+    benchkit.emit({"event": "ready", "pid": os.getpid()})
+    if await stdin.expect("go") != "go":
+        return
+    c0 = benchkit.cpu_self()
+    await client.start(queues=[(QUEUE, CONCURRENCY)])
+    benchkit.emit({"event": "started", "t": time.time()})
+
+    async def progress() -> None:
+        last = -1
+        while True:
+            if buf["n"] != last:
+                last = buf["n"]
+                benchkit.emit({"event": "progress", "handled": last, "t": time.time()})
+            await asyncio.sleep(0.1)
+
+    ptask = asyncio.create_task(progress())
+    while True:
+        w = await stdin.expect("sample", "sample-warm", "stop")
+        if w not in ("sample", "sample-warm"):
+            break
+        win, buf["w"] = buf["w"], []
+        if w == "sample-warm":
+            warm.extend(win)
+        win.sort()
+        benchkit.emit({"event": "sample", "t": time.time(), "handled": buf["n"],
+                       "n": len(win), "cpu": benchkit.cpu_self() - c0,
+                       "p50_ms": _q(win, 0.50), "p99_ms": _q(win, 0.99),
+                       "max_ms": win[-1] * 1000 if win else None})
+    ptask.cancel()
+    await client.shutdown(timeout_ms=5000)
+    lat = sorted(warm)
+    benchkit.emit({"event": "result", "handled": buf["n"], "warm_n": len(lat),
+                   "p50_ms": _q(lat, 0.50), "p95_ms": _q(lat, 0.95), "p99_ms": _q(lat, 0.99),
+                   "max_ms": lat[-1] * 1000 if lat else None, "cpu": benchkit.cpu_self() - c0})
+    await stdin.expect("exit")
+    await client.close()
+
+
+def _q(sorted_s, q: float) -> float | None:
+    """Percentile (nearest rank) of sorted seconds, in ms."""
+    if not sorted_s:
+        return None
+    return sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))] * 1000
+
+
+async def role_produce(a) -> None:
+    """Offer `rate` jobs/s for `duration` s: every 10 ms, one COPY of what is due."""
+    import awa
+
+    sys.path.insert(0, str(HERE / "systems"))
+    import benchkit
+
+    BenchJob = _job_type()
+    client = awa.AsyncClient(a.url, max_connections=2)
+    total = round(a.rate * a.duration)
+    tick = 0.01
+    sent = batches = 0
+    behind = 0.0
+    start = time.monotonic()
+    try:
+        while sent < total:
+            t_tick = time.monotonic()
+            due = min(total, int((t_tick - start) * a.rate) + 1)
+            if due > sent:
+                now = time.time()
+                jobs = [BenchJob(seq=a.seq0 + sent + i, sent_at=now) for i in range(due - sent)]
+                await client.enqueue_many_copy(jobs, queue=QUEUE)
+                sent = due
+                batches += 1
+            behind = max(behind, (time.monotonic() - start) - sent / a.rate)
+            await asyncio.sleep(max(0.0, tick - (time.monotonic() - t_tick)))
+    finally:
+        await client.close()
+    benchkit.emit({"event": "result", "n": sent, "seconds": time.monotonic() - start,
+                   "batches": batches, "max_behind_s": behind})
+
+
+# ===========================================================================
+# orchestrator (bench/.venvs/_runner)
+
+SAMPLE_SQL = """
+WITH parts AS (SELECT relid FROM pg_partition_tree('awa.jobs_done') WHERE isleaf)
+SELECT
+  (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass),
+  (SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass),
+  pg_total_relation_size('awa.jobs'),
+  (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM parts)::bigint,
+  (SELECT coalesce(sum(s.n_dead_tup), 0) FROM pg_stat_user_tables s JOIN parts USING (relid)),
+  (SELECT coalesce(sum(s.n_live_tup), 0) FROM pg_stat_user_tables s JOIN parts USING (relid)),
+  (SELECT count(*) FROM parts),
+  (SELECT array_agg(relid::regclass::text) FROM parts),
+  pg_total_relation_size('awa.dlq'),
+  (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'awa.dlq'::regclass),
+  (SELECT count(*) FROM awa.jobs_done_default),
+  pg_current_wal_lsn()::text,
+  (SELECT count(*) FROM awa.jobs),
+  (SELECT vacuum_count + autovacuum_count FROM pg_stat_user_tables
+    WHERE relid = 'awa.jobs'::regclass),
+  -- The oldest transaction holding an XID anywhere on the server: while it is open,
+  -- no row deleted after it started can be removed (nor skipped cheaply by index scans).
+  (SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0)::float8
+     FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()),
+  (SELECT datname FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+     AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 1),
+  -- XIDs between the oldest running transaction and the next one: how far the
+  -- horizon trails right now (rows deleted within that lag cannot be pruned yet).
+  (SELECT pg_snapshot_xmax(s)::text::bigint - pg_snapshot_xmin(s)::text::bigint
+     FROM pg_current_snapshot() s)
+"""
+SAMPLE_KEYS = ["jobs_dead", "jobs_live", "jobs_bytes", "done_bytes", "done_dead", "done_live",
+               "partitions", "_parts", "dlq_bytes", "dlq_dead", "default_rows", "_lsn",
+               "backlog", "jobs_vacuums", "oldest_xact_s", "oldest_xact_db",
+               "horizon_lag_xids"]
+
+SEED_SQL = """
+INSERT INTO awa.jobs_done (id, kind, queue, args, state, priority, attempt, max_attempts,
+                           run_lease, run_at, created_at, attempted_at, heartbeat_at,
+                           finalized_at, tags, metadata, errors, prune_after)
+SELECT g, 'bench_job', %(queue)s, jsonb_build_object('seq', -g, 'sent_at', 0),
+       CASE WHEN g %% 500 = 0 THEN 'failed' ELSE 'completed' END::awa.job_state,
+       2, 1, 25, 1, f - interval '2 s', f - interval '2 s', f - interval '1 s',
+       f - interval '1 s', f, '{}', '{}',
+       CASE WHEN g %% 500 = 0 THEN jsonb_build_array(jsonb_build_object(
+            'error', 'boom', 'attempt', 1, 'at', f, 'terminal', false)) END,
+       f + CASE WHEN g %% 500 = 0 THEN interval '72 hours' ELSE interval '24 hours' END
+FROM (SELECT g, %(t_end)s::timestamptz - interval '25 hours' * (%(n)s - g) / %(n)s AS f
+      FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) g) s
+"""
+
+
+def part_hour(name: str):
+    """Start hour (UTC) of an hourly jobs_done partition, or None (default partition)."""
+    import datetime as dt
+
+    base = name.rsplit(".", 1)[-1].strip('"')
+    if not base.startswith("jobs_done_p"):
+        return None
+    try:
+        return dt.datetime.strptime(base[11:], "%Y%m%d%H").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+def seed_history(conn, n: int, chunk: int = 500_000) -> dict:
+    """n finished jobs, finalized uniformly over the last 25 hours: prune_after spans
+    [now-1h, now+23h] (failed: +72h), so the oldest hour is already due for pruning."""
+    import datetime as dt
+
+    t0 = time.monotonic()
+    now = conn.execute("SELECT now()").fetchone()[0].astimezone(dt.UTC)
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    created = 0
+    for h in range(-2, 74):  # hourly partitions covering every prune_after we write
+        start = hour + dt.timedelta(hours=h)
+        name = f"jobs_done_p{start:%Y%m%d%H}"
+        created += conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace "
+            "WHERE s.nspname = 'awa' AND c.relname = %s", (name,)).fetchone()[0] == 0
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS awa.{name} PARTITION OF awa.jobs_done "
+            f"FOR VALUES FROM ('{start.isoformat()}') TO "
+            f"('{(start + dt.timedelta(hours=1)).isoformat()}')")
+    for lo in range(1, n + 1, chunk):
+        hi = min(n, lo + chunk - 1)
+        conn.execute(SEED_SQL, {"queue": QUEUE, "t_end": now, "n": n, "lo": lo, "hi": hi})
+        print(f"  seeded {hi:,}/{n:,} ({time.monotonic() - t0:.0f}s)", flush=True)
+    if n:
+        conn.execute("SELECT setval(pg_get_serial_sequence('awa.jobs', 'id'), %s)", (n,))
+    t_ins = time.monotonic() - t0
+    conn.execute("VACUUM (ANALYZE) awa.jobs_done")
+    return {"rows": n, "partitions_created": created, "insert_seconds": t_ins,
+            "vacuum_seconds": time.monotonic() - t0 - t_ins}
+
+
+def sample_db(conn) -> dict:
+    row = conn.execute(SAMPLE_SQL).fetchone()
+    return dict(zip(SAMPLE_KEYS, row, strict=True))
+
+
+def run_phase(tools, drv, admin, name: str, rate: float, minutes: float, sample_s: float,
+              history: int) -> dict:
+    tools.bench.fresh_db(drv, admin, DB)
+    spawned: list = []
+    try:
+        return _phase(tools, drv, name, rate, minutes, sample_s, history, spawned)
+    finally:
+        for p in spawned:  # our own children, by their handles (only if something failed)
+            if p.p.poll() is None:
+                p.p.kill()
+
+
+def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
+    import psycopg
+
+    seeded = None
+    with psycopg.connect(drv.url, autocommit=True) as conn:
+        if history:
+            print(f"[{name}] seeding {history:,} finished jobs of history ...", flush=True)
+            seeded = seed_history(conn, history)
+        conn.execute("ANALYZE")
+        duration = minutes * 60
+        warmup = min(30.0, 0.2 * duration)
+        worker = tools.role(drv, __file__, "--role", "worker")
+        spawned.append(worker)
+        worker.wait_event("ready", 180)
+        worker.send("go")
+        worker.wait_event("started", 120)
+        prev = sample_db(conn)
+        prod = tools.role(drv, __file__, "--role", "produce", "--rate", str(rate),
+                          "--duration", str(duration), "--seq0", "0")
+        spawned.append(prod)
+        t0 = time.time()
+        print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
+              f"{sample_s:g}s", flush=True)
+        samples, dropped = [], []
+        prev_t, prev_handled = t0, 0
+        lsn_prev = prev["_lsn"]
+        parts_prev = {p: None for p in prev["_parts"] or []}
+        k = 1
+        while True:
+            due = t0 + k * sample_s
+            if due > t0 + duration + 0.5:
+                break
+            time.sleep(max(0.0, due - time.time()))
+            warm = due - t0 > warmup
+            worker.send("sample-warm" if warm else "sample")
+            w = worker.wait_event("sample", 30)
+            d = sample_db(conn)
+            wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
+                               (d["_lsn"], lsn_prev)).fetchone()[0]
+            parts = set(d.pop("_parts") or [])
+            for p in sorted(set(parts_prev) - parts):
+                dropped.append({"t": w["t"] - t0, "partition": p})
+            parts_prev = {p: None for p in parts}
+            now_h = time.time()
+            d["expired_partitions"] = sum(
+                1 for p in parts
+                if (h := part_hour(p)) is not None and h.timestamp() + 3600 <= now_h - 180)
+            d.pop("_lsn")
+            lsn_prev = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+            handled = w["handled"]
+            s = {"t": w["t"] - t0, "warm": warm,
+                 "jobs_per_s": (handled - prev_handled) / (w["t"] - prev_t),
+                 "handled": handled, "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
+                 "max_ms": w["max_ms"], "n": w["n"], "worker_cpu_s": w["cpu"],
+                 "wal_bytes": wal, **d}
+            samples.append(s)
+            prev_t, prev_handled = w["t"], handled
+            print(f"  t={s['t']:6.0f}s {s['jobs_per_s']:8,.0f} jobs/s  p50 "
+                  f"{tools.fmt(s['p50_ms'])} p99 {tools.fmt(s['p99_ms'])} ms  dead "
+                  f"{s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} MiB  done "
+                  f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
+                  f"{s['expired_partitions']} expired)"
+                  + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
+                     if s["oldest_xact_s"] > 10 else ""), flush=True)
+            k += 1
+        produced = prod.wait_event("result", duration + 120)
+        prod.finish()
+        deadline = time.monotonic() + 120
+        while worker.handled < produced["n"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        worker.send("stop")
+        res = worker.wait_event("result", 60)
+        worker.finish()
+        left = conn.execute("SELECT count(*) FROM awa.jobs").fetchone()[0]
+        done = conn.execute(
+            "SELECT count(*), count(DISTINCT args->>'seq') FROM awa.jobs_done "
+            "WHERE id > %s AND state = 'completed'", (history,)).fetchone()
+    out = {"name": name, "rate": rate, "minutes": minutes, "history": history,
+           "seeded": seeded, "warmup_s": warmup, "producer": produced, "worker": res,
+           "samples": samples, "dropped_partitions": dropped,
+           "verify": {"produced": produced["n"], "handled": res["handled"],
+                      "completed": done[0], "completed_distinct": done[1], "left": left}}
+    v = out["verify"]
+    v["ok"] = v["produced"] == v["handled"] == v["completed"] == v["completed_distinct"] \
+        and left == 0
+    out["summary"] = summarize(out)
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def summarize(ph: dict) -> dict:
+    ss = ph["samples"]
+    warm = [s for s in ss if s["warm"]] or ss
+    seg = max(1, len(warm) // 3)
+    half = max(1, len(ss) // 2)
+    first, last = warm[:seg], warm[-seg:]
+    jobs = sum(s["handled"] - (ss[i - 1]["handled"] if i else 0)
+               for i, s in enumerate(ss) if s["warm"] or warm is ss)
+    wal = sum(s["wal_bytes"] for s in warm)
+
+    def peak_of(key, part):
+        return max((s[key] for s in part), default=None)
+
+    return {
+        "jobs_per_s": _mean(s["jobs_per_s"] for s in warm),
+        "p50_ms": ph["worker"].get("p50_ms"),
+        "p99_ms": ph["worker"].get("p99_ms"),
+        "max_ms": ph["worker"].get("max_ms"),
+        "first_jobs_per_s": _mean(s["jobs_per_s"] for s in first),
+        "last_jobs_per_s": _mean(s["jobs_per_s"] for s in last),
+        "first_p99_ms": _median(s["p99_ms"] for s in first),
+        "last_p99_ms": _median(s["p99_ms"] for s in last),
+        "wal_per_job": wal / jobs if jobs else None,
+        "jobs_dead_max_first_half": peak_of("jobs_dead", ss[:half]),
+        "jobs_dead_max_second_half": peak_of("jobs_dead", ss[half:]),
+        "jobs_bytes_max_first_half": peak_of("jobs_bytes", ss[:half]),
+        "jobs_bytes_max_second_half": peak_of("jobs_bytes", ss[half:]),
+        "dlq_bytes_first": ss[0]["dlq_bytes"] if ss else None,
+        "dlq_bytes_last": ss[-1]["dlq_bytes"] if ss else None,
+        "done_bytes_first": ss[0]["done_bytes"] if ss else None,
+        "done_bytes_last": ss[-1]["done_bytes"] if ss else None,
+        "expired_partitions_last": ss[-1]["expired_partitions"] if ss else None,
+        "default_rows_max": peak_of("default_rows", ss),
+        "backlog_max": peak_of("backlog", ss),
+        "jobs_vacuums": (ss[-1]["jobs_vacuums"] - ss[0]["jobs_vacuums"]) if ss else None,
+        "partitions_dropped": len(ph["dropped_partitions"]),
+        "producer_max_behind_s": ph["producer"].get("max_behind_s"),
+        "oldest_xact_s_max": peak_of("oldest_xact_s", ss),
+        "horizon_lag_xids_max": peak_of("horizon_lag_xids", ss),
+        "oldest_xact_db": max(ss, key=lambda s: s["oldest_xact_s"])["oldest_xact_db"]
+        if ss else None,
+    }
+
+
+def _within(a, b, tol):
+    return a is not None and b is not None and b > 0 and abs(a / b - 1) <= tol
+
+
+def _bounded(first, second, floor):
+    return first is not None and second is not None and second <= max(1.25 * first, floor)
+
+
+def checks(fresh: dict, soak: dict) -> list[dict]:
+    f, s = fresh["summary"], soak["summary"]
+    out = []
+
+    def add(name, value, target, ok):
+        out.append({"check": name, "value": value, "target": target, "ok": bool(ok)})
+
+    r = s["jobs_per_s"] / f["jobs_per_s"] if f["jobs_per_s"] and s["jobs_per_s"] else None
+    add("throughput, soak ÷ fresh", r, "0.90–1.10", r is not None and abs(r - 1) <= 0.10)
+    r = s["p99_ms"] / f["p99_ms"] if f["p99_ms"] and s["p99_ms"] else None
+    add("pickup p99, soak ÷ fresh", r, "≤ 1.10", r is not None and r <= 1.10)
+    add("soak throughput, last third ÷ first third",
+        s["last_jobs_per_s"] / s["first_jobs_per_s"] if s["first_jobs_per_s"] else None,
+        "0.90–1.10", _within(s["last_jobs_per_s"], s["first_jobs_per_s"], 0.10))
+    add("soak pickup p99 (median of windows), last third ÷ first third",
+        s["last_p99_ms"] / s["first_p99_ms"] if s["first_p99_ms"] else None, "≤ 1.10",
+        s["first_p99_ms"] and s["last_p99_ms"] is not None
+        and s["last_p99_ms"] <= 1.10 * s["first_p99_ms"])
+    add("awa.jobs dead tuples: max of 2nd half vs 1st half",
+        f"{s['jobs_dead_max_second_half']:,} vs {s['jobs_dead_max_first_half']:,}",
+        "≤ max(1.25 × 1st half, 20,000)",
+        _bounded(s["jobs_dead_max_first_half"], s["jobs_dead_max_second_half"], 20_000))
+    add("awa.jobs size: max of 2nd half vs 1st half (bytes)",
+        f"{s['jobs_bytes_max_second_half']:,} vs {s['jobs_bytes_max_first_half']:,}",
+        "≤ max(1.25 × 1st half, 8 MiB)",
+        _bounded(s["jobs_bytes_max_first_half"], s["jobs_bytes_max_second_half"], 8 << 20))
+    add("awa.dlq size: last vs first (bytes)", f"{s['dlq_bytes_last']:,} vs "
+        f"{s['dlq_bytes_first']:,}", "unchanged (no failures)",
+        s["dlq_bytes_last"] == s["dlq_bytes_first"])
+    add("expired jobs_done partitions left at the end", s["expired_partitions_last"], "0",
+        s["expired_partitions_last"] == 0)
+    add("rows in jobs_done_default (max)", s["default_rows_max"], "0",
+        s["default_rows_max"] == 0)
+    add("every produced job completed exactly once (both phases)",
+        f"fresh {fresh['verify']['completed']:,}, soak {soak['verify']['completed']:,}",
+        "== produced", fresh["verify"]["ok"] and soak["verify"]["ok"])
+    return out
+
+
+def plots(fresh: dict, soak: dict, rate: float) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    phases = [(fresh, "fresh database", "tab:blue"),
+              (soak, f"{soak['history']:,} jobs of history", "tab:red")]
+
+    def fig(name, panels, hline=None):
+        """panels: [(title, ylabel, [(key, style, suffix), ...]), ...], stacked."""
+        f, axes = plt.subplots(len(panels), 1, figsize=(9, 3.6 * len(panels)), dpi=100,
+                               squeeze=False, sharex=True)
+        for ax, (title, ylabel, series) in zip(axes[:, 0], panels, strict=True):
+            for ph, label, color in phases:
+                t = [s["t"] / 60 for s in ph["samples"]]
+                for key, style, suffix in series:
+                    ys = [s[key] for s in ph["samples"]]
+                    ax.plot(t, ys, style, color=color, label=f"{label}{suffix}", linewidth=1.4)
+            for d in soak["dropped_partitions"]:
+                ax.axvline(d["t"] / 60, color="tab:gray", linestyle=":", linewidth=1)
+            if hline:
+                ax.axhline(hline[0], color="black", linestyle="--", linewidth=0.8,
+                           label=hline[1])
+            ax.set_title(title)
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[-1, 0].set_xlabel("minutes since the load started"
+                               + ("; dotted: a jobs_done partition dropped"
+                                  if soak["dropped_partitions"] else ""))
+        f.tight_layout()
+        path = RESULTS / f"soak_{name}.png"
+        f.savefig(path)
+        plt.close(f)
+        out.append(path.name)
+
+    for ph, _, _ in phases:
+        for s in ph["samples"]:
+            s["jobs_mib"] = s["jobs_bytes"] / 2**20
+            s["done_gib"] = s["done_bytes"] / 2**30
+            s["dlq_mib"] = s["dlq_bytes"] / 2**20
+    fig("throughput", [("Completed jobs/s, one worker process", "jobs/s",
+                        [("jobs_per_s", "-", "")])], (rate, f"offered {rate:,.0f}/s"))
+    fig("p99", [("Pickup latency, insert → handler start (per window)", "ms",
+                 [("p99_ms", "-", " p99"), ("p50_ms", ":", " p50")])])
+    fig("dead_tuples", [("Dead tuples in awa.jobs (n_dead_tup)", "dead tuples",
+                         [("jobs_dead", "-", "")]),
+                        ("xmin horizon lag: XIDs between the oldest running transaction "
+                         "(any database) and the next", "XIDs", [("horizon_lag_xids", "-", "")])])
+    fig("table_size", [
+        ("awa.jobs (total relation size)", "MiB", [("jobs_mib", "-", "")]),
+        ("awa.jobs_done, all partitions", "GiB", [("done_gib", "-", "")]),
+        ("awa.dlq", "MiB", [("dlq_mib", "-", "")])])
+    return out
+
+
+def markdown(report: dict) -> str:
+    fr, so = report["fresh"], report["soak"]
+    fs, ss = fr["summary"], so["summary"]
+    fmt = report["_fmt"]
+    L = [f"# Awa soak — {report['started']}", "", report["env_line"], "",
+         (f"Peak drain (one worker process x{CONCURRENCY}, {report['peak']['n']:,} no-op jobs): "
+          if report["peak"].get("measured") else "Peak (given with --peak): ")
+         + f"**{report['peak']['jobs_per_s']:,.0f} jobs/s**"
+         + f"; offered load {report['rate']:,.0f} jobs/s "
+         f"({report['rate'] / report['peak']['jobs_per_s']:.0%} of peak).", "",
+         f"History: {so['history']:,} finished jobs in awa.jobs_done"
+         + (f" (seeded in {so['seeded']['insert_seconds']:.0f}s, vacuumed in "
+            f"{so['seeded']['vacuum_seconds']:.0f}s)" if so.get("seeded") else "")
+         + f". Fresh run {fr['minutes']:g} min, soak {so['minutes']:g} min, sampled every "
+         f"{report['sample_seconds']:g}s; the first {so['warmup_s']:.0f}s are warm-up.", "",
+         "| | fresh | soak |", "|---|---:|---:|"]
+    rows = [("completed jobs/s (mean of windows)", "jobs_per_s"),
+            ("pickup p50, ms", "p50_ms"), ("pickup p99, ms", "p99_ms"),
+            ("pickup max, ms", "max_ms"), ("WAL bytes / job", "wal_per_job"),
+            ("awa.jobs dead tuples, max", "jobs_dead_max_second_half"),
+            ("awa.jobs size, max bytes (2nd half)", "jobs_bytes_max_second_half"),
+            ("awa.jobs vacuums by the cleaner", "jobs_vacuums"),
+            ("jobs_done size at the end, bytes", "done_bytes_last"),
+            ("jobs_done partitions dropped", "partitions_dropped"),
+            ("largest backlog in awa.jobs", "backlog_max"),
+            ("producer, most seconds behind schedule", "producer_max_behind_s")]
+    for label, key in rows:
+        L.append(f"| {label} | {fmt(fs.get(key))} | {fmt(ss.get(key))} |")
+    L += ["", "| check | value | target | |", "|---|---:|---|---|"]
+    for c in report["checks"]:
+        v = c["value"]
+        v = fmt(v) if isinstance(v, int | float) else (v if v is not None else "–")
+        L.append(f"| {c['check']} | {v} | {c['target']} | {'✓' if c['ok'] else '✗'} |")
+    L += [""] + [f"![{p}]({p})" for p in report["plots"]] + [""]
+    L.append(f"The worker runs with Awa's defaults (cleanup every 60 s, so the first pruning "
+             f"pass comes up to a minute after start; completed retention 24 h). "
+             f"Oldest transaction holding an XID on the server during the soak: "
+             f"{ss['oldest_xact_s_max']:.0f}s (database {ss['oldest_xact_db']})"
+             + (". **A transaction that old holds back the xmin horizon: dead rows in "
+                "awa.jobs can be neither vacuumed nor skipped cheaply by the claim index "
+                "scan, so these figures measure that interference, not Awa.**"
+                if (ss["oldest_xact_s_max"] or 0) > 30 else ".")
+             + f" (fresh run: {fs['oldest_xact_s_max']:.0f}s). Largest xmin horizon lag "
+             f"sampled: {fmt(ss['horizon_lag_xids_max'])} XIDs (fresh: "
+             f"{fmt(fs['horizon_lag_xids_max'])}); the dead-tuples plot shows it over time.")
+    L.append("")
+    if so["dropped_partitions"]:
+        L.append("Partitions dropped during the soak: " + ", ".join(
+            f"`{d['partition']}` at {d['t'] / 60:.1f} min" for d in so["dropped_partitions"]))
+        L.append("")
+    return "\n".join(L)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--minutes", type=float, default=30.0, help="soak duration (30)")
+    p.add_argument("--history", type=int, default=10_000_000, help="finished jobs seeded (10M)")
+    p.add_argument("--rate-fraction", type=float, default=0.7, help="offered load / peak (0.7)")
+    p.add_argument("--peak", type=float, default=None, help="peak jobs/s (default: measure)")
+    p.add_argument("--rate", type=float, default=None, help="offered jobs/s (overrides)")
+    p.add_argument("--peak-jobs", type=int, default=20_000, help="jobs drained to find peak")
+    p.add_argument("--baseline-minutes", type=float, default=None,
+                   help="fresh-database run (default min(3, --minutes))")
+    p.add_argument("--sample-seconds", type=float, default=None, help="(5; 2 under 2 min)")
+    p.add_argument("--role", choices=["worker", "produce"], help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--duration", type=float, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--seq0", type=int, default=0, help=argparse.SUPPRESS)
+    if "--role" not in argv:
+        sys.path.insert(0, str(HERE))
+        import benchtools
+
+        benchtools.add_common_args(p)
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse(sys.argv[1:])
+    if args.role == "worker":
+        return asyncio.run(role_worker(args))
+    if args.role == "produce":
+        return asyncio.run(role_produce(args))
+    import benchtools as tools
+
+    tools.bootstrap(__file__)
+    global RESULTS
+    RESULTS = tools.RESULTS
+    bench = tools.bench
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    logs = tools.logdir("soak")
+    admin = tools.admin_for(args, [DB])
+    env = tools.environment(admin)
+    print(tools.env_line(env), flush=True)
+    drv = tools.awa_driver(args, DB, logs)
+    baseline_min = args.baseline_minutes or min(3.0, args.minutes)
+    sample_s = args.sample_seconds or (5.0 if min(args.minutes, baseline_min) >= 2 else 2.0)
+    try:
+        if args.peak:
+            peak = {"jobs_per_s": args.peak, "measured": False}
+        else:
+            n = args.peak_jobs
+            bench.fresh_db(drv, admin, DB)
+            drv.call("insert-bulk", "--n", str(n), timeout=max(300, n / 20))
+            admin.analyze(DB)
+            procs = [drv.spawn("worker", "--concurrency", str(CONCURRENCY))]
+            try:
+                r = bench.run_workers(drv, procs, admin, DB, admin.postmaster_pid(), n,
+                                      timeout=max(120, n / 50))
+            finally:
+                for p in procs:
+                    if p.p.poll() is None:
+                        p.p.kill()
+            peak = {"jobs_per_s": r["jobs_per_s"], "n": n, "measured": True,
+                    "seconds": r["seconds"]}
+            print(f"[peak] {peak['jobs_per_s']:,.0f} jobs/s ({n:,} jobs)", flush=True)
+        rate = args.rate or args.rate_fraction * peak["jobs_per_s"]
+        fresh = run_phase(tools, drv, admin, "fresh", rate, baseline_min, sample_s, 0)
+        soak = run_phase(tools, drv, admin, "soak", rate, args.minutes, sample_s, args.history)
+    finally:
+        if not args.keep_db:
+            for db in (DB, DB + "_tpl"):
+                admin.drop(db)
+    report = {"started": started, "environment": env, "env_line": tools.env_line(env),
+              "params": {k: v for k, v in vars(args).items() if k not in ("role", "url")},
+              "peak": peak, "rate": rate, "sample_seconds": sample_s,
+              "fresh": fresh, "soak": soak, "checks": checks(fresh, soak)}
+    report["plots"] = plots(fresh, soak, rate)
+    report["_fmt"] = tools.fmt
+    md = markdown(report)
+    del report["_fmt"]
+    (RESULTS / "soak.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (RESULTS / "soak.md").write_text(md)
+    print()
+    print(md)
+    print(f"wrote {RESULTS / 'soak.md'}, soak.json and {', '.join(report['plots'])} "
+          f"(logs: {logs})")
+
+
+RESULTS = HERE / "results"
+
+if __name__ == "__main__":
+    main()
