@@ -144,6 +144,8 @@ class RuntimeConfig:
     dlq_enabled_by_default: bool = False
     dlq_retention: timedelta = states.DLQ_RETENTION
     cron_interval: timedelta = timedelta(seconds=1)
+    batch_interval: timedelta = timedelta(seconds=1)  #: how often the leader looks for batch ops
+    batch_chunk_size: int = 500  #: jobs per batch-operation transaction
     listen: bool = True  #: use LISTEN/NOTIFY for wake-ups (polling always runs too)
     health_addr: str | None = None  #: "host:port" of the health listener (None: off)
 
@@ -181,6 +183,9 @@ class RuntimeConfig:
                                                 allow_zero=True)
             elif key == "dlq_retention_days":
                 values["dlq_retention"] = _ms(key, float(kwargs.pop(key)) * 86_400_000)
+        if "batch_chunk_size" in kwargs:
+            values["batch_chunk_size"] = _positive_int("batch_chunk_size",
+                                                       kwargs.pop("batch_chunk_size"))
         if "cleanup_batch_size" in kwargs:
             values["cleanup_batch_size"] = _positive_int("cleanup_batch_size",
                                                          kwargs.pop("cleanup_batch_size"))
@@ -230,6 +235,7 @@ _MS_FIELDS = {
     "leader_election_interval_ms": "leader_election_interval",
     "cleanup_interval_ms": "cleanup_interval",
     "cron_interval_ms": "cron_interval",
+    "batch_interval_ms": "batch_interval",
 }
 _HOUR_FIELDS = {
     "completed_retention_hours": "completed_retention",

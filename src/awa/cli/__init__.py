@@ -155,4 +155,4 @@ if __name__ == "__main__":
 
 
 # Subcommand groups register themselves on `main`.
-from awa.cli import jobs, operations, overrides, serve  # noqa: E402, F401
+from awa.cli import batch, jobs, operations, overrides, serve  # noqa: E402, F401

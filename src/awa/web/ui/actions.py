@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from awa import batch
 from awa.errors import JobNotFound, ValidationError
 from awa.web.ui import data
 
@@ -51,6 +52,39 @@ def _filters(source: Any) -> dict[str, str | None]:
             raise ValidationError(key, "must be a string")
         out[key] = value.strip() if value and value.strip() else None
     return out
+
+
+_BATCH_FILTERS = {"queue": "queue", "kind": "kind", "tag": "tag", "state": "state",
+                  "created_after": "created_at_gte", "created_before": "created_at_lt"}
+
+
+def batch_request(source: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(op_kind, spec, filter)`` from the flat fields of a query or body; blanks are unset."""
+    def value(key: str) -> Any:
+        v = source.get(key)
+        return v.strip() or None if isinstance(v, str) else v
+
+    def number(key: str) -> Any:
+        v = value(key)
+        try:
+            return int(v) if isinstance(v, str) else v
+        except ValueError:
+            raise ValidationError(key, "must be an integer") from None
+    op_kind = value("op_kind") or ""
+    spec: dict[str, Any] = {"priority": number("priority")}
+    if op_kind == "move_queue":
+        spec["queue"] = value("target_queue")
+        if spec["priority"] is None:
+            del spec["priority"]
+    ids = value("ids")
+    if isinstance(ids, str):
+        try:
+            ids = [int(i) for i in ids.replace(",", " ").split()]
+        except ValueError:
+            raise ValidationError("ids", "must be job ids separated by commas") from None
+    f = {name: value(key) for key, name in _BATCH_FILTERS.items()}
+    f["ids"] = ids
+    return op_kind, spec, {k: v for k, v in f.items() if v is not None}
 
 
 def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, Handler]]]:
@@ -100,6 +134,27 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
                 for e in entries]
         more = len(rows) == data.PAGE_SIZE
         return JSONResponse({"jobs": rows, "next_cursor": rows[-1]["id"] if more else None})
+
+    async def batches(_: Request) -> Response:
+        client = await state.client()
+        async with state.reading() as conn:
+            ops = await batch.list_operations(conn, client._q, limit=data.PAGE_SIZE)
+        return JSONResponse({"operations": ops})
+
+    async def batch_one(request: Request) -> Response:
+        client = await state.client()
+        async with state.reading() as conn:
+            op = await batch.get_operation(conn, client._q, request.path_params["id"])
+        return JSONResponse(op)
+
+    async def batch_preview(request: Request) -> Response:
+        op_kind, spec, f = batch_request(request.query_params)
+        client = await state.client()
+        async with state.reading() as conn:
+            found = await batch.preview(conn, client._q, op_kind, spec, f)
+        keys = ("id", "kind", "queue", "state", "priority", "run_at", "created_at", "tags")
+        return JSONResponse({"total_matched": found["total_matched"],
+                             "sample": [{k: j[k] for k in keys} for j in found["sample"]]})
 
     async def runtime(_: Request) -> Response:
         client = await state.client()
@@ -179,10 +234,24 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         n = await (await state.client()).purge_dlq(kind=f["kind"], queue=f["queue"], tag=f["tag"])
         return JSONResponse({"ok": True, "purged": n})
 
+    async def batch_submit(request: Request) -> Response:
+        op_kind, spec, f = batch_request(await _body(request))
+        client = await state.client()
+        op = await batch.submit(await client.pool(), client._q, op_kind, spec, f,
+                                submitted_by="web-ui")
+        return JSONResponse({"ok": True, "operation": op})
+
+    async def batch_cancel(request: Request) -> Response:
+        client = await state.client()
+        op = await batch.cancel_operation(await client.pool(), client._q,
+                                          request.path_params["id"])
+        return JSONResponse({"ok": True, "operation": op})
+
     reads: list[tuple[str, Handler]] = [
         ("/api/overview", overview), ("/api/jobs", jobs), ("/api/jobs/{id}", job),
         ("/api/queues", queues), ("/api/cron", cron), ("/api/dlq", dlq),
-        ("/api/runtime", runtime)]
+        ("/api/runtime", runtime), ("/api/batches", batches),
+        ("/api/batches/preview", batch_preview), ("/api/batches/{id}", batch_one)]
     writes: list[tuple[str, Handler]] = [
         ("/api/jobs/retry-failed", retry_failed),
         ("/api/jobs/{id:int}/retry", job_retry), ("/api/jobs/{id:int}/cancel", job_cancel),
@@ -191,5 +260,6 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         ("/api/queues/{name}/overrides/clear", override_clear),
         *((f"/api/cron/{{name}}/{v}", cron_action(v)) for v in ("pause", "resume", "trigger")),
         ("/api/dlq/retry", dlq_retry_bulk), ("/api/dlq/purge", dlq_purge),
-        ("/api/dlq/{id:int}/retry", dlq_retry), ("/api/dlq/{id:int}/purge", dlq_purge_one)]
+        ("/api/dlq/{id:int}/retry", dlq_retry), ("/api/dlq/{id:int}/purge", dlq_purge_one),
+        ("/api/batches", batch_submit), ("/api/batches/{id}/cancel", batch_cancel)]
     return reads, writes

@@ -281,6 +281,111 @@ async function runtimeView() {
     `<p class="muted">No worker processes are running.</p>`}`;
 }
 
+// Batch operations: the form's values and the last preview survive live re-renders.
+const BATCH_FIELDS = ["op_kind", "priority", "target_queue", "queue", "kind", "tag", "state",
+  "ids", "created_after", "created_before"];
+state.batch = { form: { op_kind: "set_priority" }, preview: null };
+
+function batchChange(spec) {
+  if (spec.op_kind === "move_queue") {
+    return `queue → ${esc(spec.queue)}${spec.priority ? `, priority ${esc(spec.priority)}` : ""}`;
+  }
+  return `priority → ${esc(spec.priority)}`;
+}
+
+function batchFilter(f) {
+  const parts = Object.entries(f).filter(([, v]) => v !== null && v !== undefined)
+    .map(([k, v]) => `${esc(k)}=${esc(Array.isArray(v) ? v.join(",") : v)}`);
+  return parts.length ? parts.join(", ") : `<span class="muted">every queued job</span>`;
+}
+
+function batchProgress(op) {
+  const done = op.processed + op.skipped + op.errored;
+  const total = op.total_matched;
+  const pct = op.state === "completed" ? 100 : total ? Math.min(100, Math.round((done / total) * 100)) : 0;
+  return `<div class="progress"><span style="width:${pct}%"></span></div>
+    <div class="muted">${fmtN(done)} / ${total === null ? "?" : fmtN(total)}</div>`;
+}
+
+function batchForm() {
+  const v = state.batch.form;
+  const input = (name, ph, extra = "") =>
+    `<input name="${name}" placeholder="${esc(ph)}" value="${esc(v[name] || "")}" ${extra}>`;
+  const move = v.op_kind === "move_queue";
+  return `<form id="batch-form" class="card">
+    <div class="row"><select name="op_kind">
+      <option value="set_priority" ${move ? "" : "selected"}>set priority</option>
+      <option value="move_queue" ${move ? "selected" : ""}>move to queue</option></select>
+      ${move ? input("target_queue", "to queue") : ""}
+      ${input("priority", move ? "new priority (optional)" : "new priority 1-4", 'type="number" min="1" max="4" style="width:13em"')}</div>
+    <div class="row" style="margin-top:8px"><span class="muted">of queued jobs with</span>
+      ${input("queue", "queue")}${input("kind", "kind")}${input("tag", "tag")}
+      <select name="state"><option value="">any queued state</option>
+        ${["available", "scheduled", "retryable"].map((s) =>
+          `<option ${v.state === s ? "selected" : ""}>${s}</option>`).join("")}</select>
+      ${input("ids", "ids: 1, 2, 3")}${input("created_after", "created after (ISO)")}
+      ${input("created_before", "created before (ISO)")}</div>
+    <div class="row" style="margin-top:8px"><button type="submit" value="preview">Preview</button>
+      <button type="submit" value="submit" class="danger">Submit</button></div></form>`;
+}
+
+function batchPreview() {
+  const p = state.batch.preview;
+  if (!p) return "";
+  return `<div id="batch-preview"><p><b>${fmtN(p.total_matched)}</b> queued jobs match now${p.sample.length ? `; the first ${p.sample.length}:` : "."}</p>
+    ${p.sample.length ? `<table><tr><th>id</th><th>state</th><th>kind</th><th>queue</th><th>priority</th><th>created</th></tr>
+    ${p.sample.map((j) => `<tr><td><a href="#/jobs/${esc(j.id)}">${esc(j.id)}</a></td><td>${stateChip(j.state)}</td>
+      <td>${esc(j.kind)}</td><td>${esc(j.queue)}</td><td>${esc(j.priority)}</td><td>${when(j.created_at)}</td></tr>`).join("")}</table>` : ""}</div>`;
+}
+
+async function batchesView() {
+  const r = await api("batches");
+  const ops = r.operations;
+  return `<h1>Batch operations</h1>
+  ${mut(`<p class="muted">Change the priority or queue of queued jobs. A worker's maintenance leader
+    runs the operation in small transactions and skips jobs that started meanwhile.</p>
+    ${batchForm()}${batchPreview()}`)}
+  <h2>Operations</h2>
+  ${ops.length ? `<table id="batches"><tr><th>id</th><th>change</th><th>filter</th><th>state</th><th>progress</th>
+    <th class="num">processed</th><th class="num">skipped</th><th class="num">errored</th><th>submitted</th><th>finished</th>${mut("<th></th>")}</tr>
+  ${ops.map((o) => `<tr data-batch="${esc(o.id)}"><td class="mono" title="${esc(o.id)}">${esc(o.id.slice(0, 8))}</td>
+    <td>${batchChange(o.spec)}</td><td>${batchFilter(o.filter)}</td><td>${stateChip(o.state)}</td>
+    <td>${batchProgress(o)}</td><td class="num">${fmtN(o.processed)}</td><td class="num">${fmtN(o.skipped)}</td>
+    <td class="num" title="${esc(o.last_error || "")}">${fmtN(o.errored)}</td>
+    <td>${when(o.submitted_at)}${o.submitted_by ? ` <span class="muted">by ${esc(o.submitted_by)}</span>` : ""}</td>
+    <td>${when(o.finalized_at)}</td>
+    ${mut(`<td>${["pending", "scanning", "running"].includes(o.state) ?
+      btn("Cancel", "batch-cancel", { id: o.id }, "danger") : ""}</td>`)}</tr>`).join("")}</table>` :
+    `<p class="muted">No batch operations yet.</p>`}`;
+}
+
+function batchValues(form) {
+  const v = {};
+  for (const name of BATCH_FIELDS) {
+    const el = form.elements.namedItem(name);
+    if (el && el.value.trim()) v[name] = el.value.trim();
+  }
+  return v;
+}
+
+async function batchSubmit(form, submitter) {
+  state.batch.form = batchValues(form);
+  const body = state.batch.form;
+  try {
+    if (submitter && submitter.value === "submit") {
+      if (!confirm("Submit this batch operation for the matching queued jobs?")) return;
+      const r = await api("batches", body);
+      state.batch.preview = null;
+      toast(`Submitted ${r.operation.id.slice(0, 8)}`);
+    } else {
+      state.batch.preview = await api("batches/preview?" + new URLSearchParams(body));
+    }
+  } catch (e) {
+    toast(e.message, true);
+  }
+  render(true);
+}
+
 function loginView(message) {
   return `<div class="login card"><h1>Access token</h1><p class="muted">${esc(message || "This Awa UI is protected.")}</p>
     <form id="login" class="row"><input name="token" type="password" placeholder="token" autofocus>
@@ -290,7 +395,7 @@ function loginView(message) {
 // -- routing and actions ---------------------------------------------------------------
 
 const VIEWS = { dashboard, jobs: jobsView, job: jobView, queues: queuesView, cron: cronView,
-  dlq: dlqView, runtime: runtimeView };
+  dlq: dlqView, runtime: runtimeView, batches: batchesView };
 
 function parseRoute() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -342,6 +447,8 @@ const ACTIONS = {
   "dlq-purge-one": (a) => confirm(`Delete dead-lettered job ${a.id} for good?`) && api(`dlq/${a.id}/purge`, {}),
   "dlq-retry-bulk": (a) => confirm("Retry every matching dead-lettered job?") && api("dlq/retry", a),
   "dlq-purge": (a) => confirm("Delete every matching dead-lettered job for good?") && api("dlq/purge", a),
+  "batch-cancel": (a) => confirm(`Cancel batch operation ${a.id.slice(0, 8)}?`) &&
+    api(`batches/${encodeURIComponent(a.id)}/cancel`, {}),
 };
 
 document.addEventListener("click", async (ev) => {
@@ -362,6 +469,10 @@ document.addEventListener("click", async (ev) => {
 document.addEventListener("submit", (ev) => {
   ev.preventDefault();
   const form = ev.target;
+  if (form.id === "batch-form") {
+    batchSubmit(form, ev.submitter);
+    return;
+  }
   if (form.id === "login") {
     localStorage.setItem("awa-token", new FormData(form).get("token"));
     state.config = null;
@@ -381,6 +492,14 @@ document.addEventListener("submit", (ev) => {
   const params = new URLSearchParams();
   for (const [k, v] of new FormData(form)) if (v) params.set(k, v);
   location.hash = `#/${form.dataset.filter}?${params}`;
+});
+
+// The batch form changes shape with its kind (a target queue to move to).
+document.addEventListener("change", (ev) => {
+  const form = ev.target.closest && ev.target.closest("#batch-form");
+  if (!form) return;
+  state.batch.form = batchValues(form);
+  if (ev.target.name === "op_kind") render(true);
 });
 
 document.getElementById("theme").addEventListener("click", () => {
