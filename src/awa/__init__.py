@@ -6,6 +6,13 @@ Pipeline: producer → Postgres → dispatcher → executor → completion.
 from __future__ import annotations
 
 from awa import bridge, callback_contract, web
+from awa.batch import (
+    BatchOperation,
+    BatchOperationFilter,
+    BatchOperationKind,
+    BatchOperationPreview,
+    BatchOperationState,
+)
 from awa.client import AsyncClient
 from awa.context import CallbackWaitAborted, JobContext
 from awa.db.migrations import current_migration_version, migrations
@@ -29,8 +36,8 @@ from awa.model import (
     Cancel,
     Job,
     Output,
-    ResolveResult,
     QueueStat,
+    ResolveResult,
     RetryAfter,
     RetryFailedResult,
     Snooze,
@@ -56,6 +63,11 @@ async def migrate(database_url: str | None = None, *, schema: str = "awa") -> li
 __all__ = [
     "AsyncClient",
     "AwaError",
+    "BatchOperation",
+    "BatchOperationFilter",
+    "BatchOperationKind",
+    "BatchOperationPreview",
+    "BatchOperationState",
     "CallbackNotFound",
     "CallbackToken",
     "CallbackWaitAborted",
@@ -72,10 +84,10 @@ __all__ = [
     "JobState",
     "OutcomeContext",
     "Output",
-    "ResolveResult",
     "PartitionedQueue",
     "QueueHealth",
     "QueueStat",
+    "ResolveResult",
     "RetryAfter",
     "RetryFailedResult",
     "SchemaNotMigrated",

@@ -19,6 +19,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from awa import producer, states, telemetry
+from awa.batch import BatchOps
 from awa.client_ops import AdminOps
 from awa.config import RuntimeConfig
 from awa.cron import CronSchedule
@@ -40,16 +41,22 @@ FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
 
 
-class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
+class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
     """A pool-backed client for one database and schema (default ``awa``).
 
     With no ``database_url``, ``$DATABASE_URL`` is used, else the embedded
-    PostgreSQL is started on first use.
+    PostgreSQL is started on first use. ``command_timeout`` (seconds) bounds
+    every statement on this client's pool, yours included: set it where the
+    network can silently drop connections (the worker's own statements always
+    have `states.RUNTIME_STATEMENT_TIMEOUT`).
     """
 
     def __init__(self, database_url: str | None = None, max_connections: int = 10, *,
-                 schema: str = "awa") -> None:
+                 schema: str = "awa", command_timeout: float | None = None) -> None:
         producer.check_int("max_connections", max_connections, 1, 10_000)
+        if command_timeout is not None:
+            producer.check_seconds("command_timeout", command_timeout)
+        self._command_timeout = command_timeout
         self._url = database_url
         self._max_connections = max_connections
         self._q: Queries = queries(schema)
@@ -82,7 +89,8 @@ class AsyncClient(AdminOps, DescriptorOps, OverrideOps):
                 if self._pool is None:
                     url = await self.database_url()
                     with translated():
-                        self._pool = await create_pool(url, max_connections=self._max_connections)
+                        self._pool = await create_pool(url, max_connections=self._max_connections,
+                                                       command_timeout=self._command_timeout)
                     telemetry.detect()
         return self._pool
 

@@ -69,6 +69,10 @@ class Completer:
         self._counts_task: asyncio.Task[None] | None = None
         self._notify_task: asyncio.Task[None] | None = None
 
+    def use_pool(self, pool: asyncpg.Pool) -> None:
+        """Write through ``pool`` from now on (the runtime's own pool)."""
+        self._pool = pool
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._flusher(), name="awa-completer")
         self._counts_task = asyncio.create_task(self._count_flusher(), name="awa-counts")

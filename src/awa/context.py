@@ -44,6 +44,13 @@ class AttemptDb:
     q: Queries
     poll_interval: float
     completed_retention: timedelta = states.COMPLETED_RETENTION  #: caller-owned completions
+    #: The runtime's own pool (statement timeout) for the context's writes; else ``pool``.
+    control: asyncpg.Pool | None = None
+
+    @property
+    def ops(self) -> asyncpg.Pool:
+        """Where progress, callback and wait statements run."""
+        return self.control if self.control is not None else self.pool
 
 
 class JobContext:
@@ -221,7 +228,7 @@ class JobContext:
         if text is None:
             return
         with translated():
-            row = await db.pool.fetchrow(db.q["attempt_progress"], self.id, self.run_lease,
+            row = await db.ops.fetchrow(db.q["attempt_progress"], self.id, self.run_lease,
                                          text)
         if row is None:
             raise CallbackWaitAborted(f"job {self.id} is no longer owned by this attempt")
@@ -240,7 +247,7 @@ class JobContext:
                               transform=transform)
         token = CallbackToken.new()
         with translated():
-            row = await db.pool.fetchrow(db.q["callback_register"], self.id, self.run_lease,
+            row = await db.ops.fetchrow(db.q["callback_register"], self.id, self.run_lease,
                                          uuid.UUID(token.id), seconds,
                                          json.dumps(rules) if rules else None)
         if row is None:
@@ -260,10 +267,10 @@ class JobContext:
         progress = self._take_progress()
         cid = uuid.UUID(token.id)
         with translated():
-            await db.pool.fetchrow(db.q["callback_wait"], self.id, self.run_lease, cid, progress)
+            await db.ops.fetchrow(db.q["callback_wait"], self.id, self.run_lease, cid, progress)
         while True:
             with translated():
-                st = await db.pool.fetchrow(db.q["callback_wait_status"], self.id)
+                st = await db.ops.fetchrow(db.q["callback_wait_status"], self.id)
             if st is None or st["run_lease"] != self.run_lease:
                 raise CallbackWaitAborted(f"job {self.id} left the wait (finished or taken over)")
             if st["state"] == "running":
@@ -271,7 +278,7 @@ class JobContext:
                     self._callback_id = None
                     return st["result"]
                 with translated():  # not parked yet: park now
-                    parked = await db.pool.fetchrow(db.q["callback_wait"], self.id,
+                    parked = await db.ops.fetchrow(db.q["callback_wait"], self.id,
                                                     self.run_lease, cid, None)
                 if parked is None:
                     raise CallbackWaitAborted(f"job {self.id} left the wait")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import traceback
 from concurrent.futures import Executor
@@ -90,6 +91,11 @@ class JobExecutor:
         self._registry = registry
         self._threads = threads
         self._db = db
+
+    def use_control_pool(self, pool: Any) -> None:
+        """Contexts write progress and callbacks through ``pool`` from now on."""
+        if self._db is not None:
+            self._db = dataclasses.replace(self._db, control=pool)
 
     def prepare(self, job: Job) -> tuple[JobContext | None, Outcome | None]:
         """The handler context, or the outcome that makes running impossible."""

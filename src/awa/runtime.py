@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import asyncpg
 
-from awa import admin, descriptors, overrides, telemetry
+from awa import admin, descriptors, overrides, states, telemetry
 from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
@@ -39,6 +39,7 @@ from awa.executor import JobExecutor, Outcome
 from awa.finalize import Finalizer
 from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.maintenance.base import PeriodicService
+from awa.maintenance.batch import BatchRunner
 from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
 from awa.model import Job
@@ -48,6 +49,8 @@ from awa.tasks import Registry
 from awa.web.health import HealthServer
 
 log = logging.getLogger("awa.runtime")
+#: Connections of the runtime's own pool (completions, heartbeats, maintenance).
+RUNTIME_POOL_SIZE = 6
 #: How long a LISTEN connection behind a pooler waits for its probe NOTIFY.
 LISTEN_PROBE_TIMEOUT = 3.0
 
@@ -125,6 +128,7 @@ class Runtime:
         self._stop_services = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
         self._claim_pool: asyncpg.Pool | None = None
+        self._runtime_pool: asyncpg.Pool | None = None
         self.health_server: HealthServer | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self.shutting_down = False
@@ -144,6 +148,8 @@ class Runtime:
             Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
                     batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
             CronService(pool, q, c.cron_interval, is_leader),
+            BatchRunner(pool, q, c.batch_interval, is_leader, instance_id=self.instance_id,
+                        chunk_size=c.batch_chunk_size),
             Presence(pool, q, PRESENCE_INTERVAL, self.instance_id, self._presence),
             telemetry.QueueGauges(pool, q, is_leader),
             OverrideWatcher(pool, q, [qc.name for qc in c.queues], self._apply_override),
@@ -175,8 +181,21 @@ class Runtime:
         telemetry.detect()
         # Claims go through their own small pool, so they never queue behind
         # outcomes; they commit asynchronously (see attempt_claim).
+        statement_timeout = states.RUNTIME_STATEMENT_TIMEOUT.total_seconds()
         self._claim_pool = await create_pool(self._url, max_connections=2,
-                                             application_name="awa-claim")
+                                             application_name="awa-claim",
+                                             command_timeout=statement_timeout)
+        # The runtime's own statements (completions, heartbeats, maintenance) use
+        # a small pool of their own, with a statement timeout: a handler that
+        # holds every client connection cannot starve heartbeats, and a
+        # half-open connection fails its statement instead of hanging the worker.
+        self._runtime_pool = await create_pool(self._url, max_connections=RUNTIME_POOL_SIZE,
+                                               application_name="awa-runtime",
+                                               command_timeout=statement_timeout)
+        self.completer.use_pool(self._runtime_pool)
+        self._executor.use_control_pool(self._runtime_pool)
+        for svc in self.services:
+            svc.use_pool(self._runtime_pool)
         for d in self.dispatchers.values():
             d.use_pool(self._claim_pool)
         self.completer.start()
@@ -228,6 +247,8 @@ class Runtime:
             await cast(Presence, self.service("presence")).remove()
         except Exception:
             log.warning("could not resign leadership or remove presence", exc_info=True)
+        if self._runtime_pool is not None:
+            await self._runtime_pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     # -- running jobs -------------------------------------------------------------------
@@ -349,6 +370,8 @@ class Runtime:
         pool; a transaction pooler never delivers it, and the worker polls."""
         delay = 0.1
         poll_ms = round(self.config.poll_interval.total_seconds() * 1000)
+        probe_every = states.LISTEN_PROBE_INTERVAL.total_seconds()
+        probed_at = time.monotonic()
         if dsn.parse(self._url).pooler:
             log.info("pgbouncer=true: LISTEN/NOTIFY is not used behind a transaction "
                      "pooler; polling every %d ms", poll_ms)
@@ -373,16 +396,21 @@ class Runtime:
                     for d in self.dispatchers.values():
                         d.wake()  # catch up on anything sent while disconnected
                     delay = 0.1
+                    probed_at = time.monotonic()
                 await asyncio.sleep(self.config.poll_interval.total_seconds())
+                if time.monotonic() - probed_at >= probe_every:
+                    # A half-open connection delivers nothing and raises nothing: probe it.
+                    await listener.fetchval(self._q["connection_ping"], timeout=probe_every)
+                    probed_at = time.monotonic()
             except asyncio.CancelledError:
                 if listener is not None and listener is not self._listener:
                     listener.terminate()
                 raise
             except Exception as exc:
                 log.warning("LISTEN connection unavailable (%s); polling every %d ms",
-                            redact(str(exc)), poll_ms)
-                if listener is not None and listener is not self._listener:
-                    listener.terminate()
+                            redact(str(exc) or type(exc).__name__), poll_ms)
+                if listener is not None and not listener.is_closed():
+                    listener.terminate()  # a half-open one would never close by itself
                 self._listener = None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -84,6 +84,12 @@ HEARTBEAT_INTERVAL = timedelta(seconds=10)
 HEARTBEAT_STALENESS = timedelta(seconds=30)
 RESCUE_INTERVAL = timedelta(seconds=10)
 DEADLINE = timedelta(minutes=5)
+#: Every statement of the runtime's own (claims, completions, heartbeats,
+#: maintenance) gives up after this long, so a half-open connection (a NAT or
+#: proxy that silently stopped forwarding) is dropped instead of hanging a worker.
+RUNTIME_STATEMENT_TIMEOUT = timedelta(seconds=30)
+#: The LISTEN connection is probed this often (and dropped when the probe times out).
+LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
 CALLBACK_TIMEOUT = timedelta(seconds=3600)
 PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
 BACKOFF_CAP = timedelta(hours=24)

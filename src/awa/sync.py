@@ -110,9 +110,10 @@ class Client:
     """Synchronous client with the enqueue, admin, DLQ and callback methods."""
 
     def __init__(self, database_url: str | None = None, max_connections: int = 10, *,
-                 schema: str = "awa") -> None:
+                 schema: str = "awa", command_timeout: float | None = None) -> None:
         self._loop = LoopThread()
-        self._async = self._loop.run(_make_async(database_url, max_connections, schema))
+        self._async = self._loop.run(_make_async(database_url, max_connections, schema,
+                                                 command_timeout))
 
     def close(self) -> None:
         """Close the pool and stop the private event loop."""
@@ -179,8 +180,20 @@ class Client:
     queue_overrides = _delegate(AsyncClient.queue_overrides)
     clear_queue_override = _delegate(AsyncClient.clear_queue_override)
     list_descriptors = _delegate(AsyncClient.list_descriptors)
+    preview_batch_operation = _delegate(AsyncClient.preview_batch_operation)
+    submit_batch_operation = _delegate(AsyncClient.submit_batch_operation)
+    preview_set_priority = _delegate(AsyncClient.preview_set_priority)
+    set_priority = _delegate(AsyncClient.set_priority)
+    preview_move_queue = _delegate(AsyncClient.preview_move_queue)
+    move_queue = _delegate(AsyncClient.move_queue)
+    list_batch_operations = _delegate(AsyncClient.list_batch_operations)
+    get_batch_operation = _delegate(AsyncClient.get_batch_operation)
+    cancel_batch_operation = _delegate(AsyncClient.cancel_batch_operation)
+    purge_batch_operations = _delegate(AsyncClient.purge_batch_operations)
 
 
-async def _make_async(database_url: str | None, max_connections: int, schema: str) -> AsyncClient:
+async def _make_async(database_url: str | None, max_connections: int, schema: str,
+                      command_timeout: float | None) -> AsyncClient:
     # Built on the loop thread so its asyncio primitives belong to that loop.
-    return AsyncClient(database_url, max_connections, schema=schema)
+    return AsyncClient(database_url, max_connections, schema=schema,
+                       command_timeout=command_timeout)

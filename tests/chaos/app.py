@@ -80,7 +80,10 @@ if SKEW:
     _skew_clock(SKEW)
 
 VICTIM = os.environ.get("AWA_CHAOS_VICTIM") == "1"
-client = awa.AsyncClient(os.environ.get("DATABASE_URL"), max_connections=10)
+# A client-side statement timeout, as an application on a network that can
+# silently drop connections should set: the ledger writes below use this pool.
+client = awa.AsyncClient(os.environ.get("DATABASE_URL"), max_connections=10,
+                         command_timeout=10.0)
 QUEUE = "chaos"
 TIMEOUT = 10.0  # seconds, for the ledger writes (a half-open connection must not hang us)
 

@@ -105,7 +105,8 @@ async def connect(database_url: str) -> asyncpg.Connection:
 
 
 async def create_pool(database_url: str, *, max_connections: int = 10,
-                      application_name: str = "awa") -> asyncpg.Pool:
+                      application_name: str = "awa",
+                      command_timeout: float | None = None) -> asyncpg.Pool:
     """A pool whose connections all carry Awa's codecs, fit for a pooler when
     one is declared or detected.
 
@@ -117,6 +118,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     pool = await asyncpg.create_pool(
         dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
         init=init_connection, server_settings={"application_name": application_name},
-        connection_class=AwaConnection, **driver_options(pooled))
+        connection_class=AwaConnection, command_timeout=command_timeout,
+        **driver_options(pooled))
     assert pool is not None
     return pool

@@ -9,6 +9,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 log = logging.getLogger("awa.maintenance")
 
@@ -25,6 +26,10 @@ class PeriodicService(ABC):
         self.last_run_at: float | None = None
         self.runs = 0
         self.failures = 0
+
+    def use_pool(self, pool: Any) -> None:
+        """Run on ``pool`` from now on (the runtime's own pool, see `Runtime.start`)."""
+        self._pool = pool
 
     @abstractmethod
     async def run_once(self) -> None:

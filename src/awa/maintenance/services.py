@@ -18,6 +18,8 @@ log = logging.getLogger("awa.maintenance")
 PROMOTE_BATCH = 5000
 RESCUE_BATCH = 1000
 VACUUM_MIN_DEAD = 10_000
+#: VACUUM may take longer than the runtime's statement timeout on a big table.
+VACUUM_TIMEOUT = 3600.0
 
 
 class Promoter(PeriodicService):
@@ -117,7 +119,7 @@ class Cleaner(PeriodicService):
         if row is None or row["dead"] < max(VACUUM_MIN_DEAD, row["live"] // 5):
             return
         try:
-            await conn.execute(self._q["jobs_vacuum"])
+            await conn.execute(self._q["jobs_vacuum"], timeout=VACUUM_TIMEOUT)
             self.vacuums += 1
         except Exception as exc:  # e.g. a runtime role that does not own the table
             log.warning("could not vacuum awa.jobs (%d dead tuples): %s", row["dead"], exc)

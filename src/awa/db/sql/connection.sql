@@ -9,3 +9,7 @@ SELECT pg_backend_pid()
 -- A NOTIFY on this runtime's own probe channel, sent from a pooled connection:
 -- the LISTEN connection receives it only if LISTEN works through the pooler.
 SELECT pg_notify($1, '')
+
+-- name: connection_ping
+-- The LISTEN connection's liveness probe (a half-open connection times out).
+SELECT 1
