@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from tests.browser import page  # noqa: F401  (the browser tests' fixture)
 
 import awa
 from awa.db import migrations

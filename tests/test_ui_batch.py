@@ -6,23 +6,14 @@ The browser tests skip, with the reason, when no Chromium is installed (as in
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from tests.helpers import FAST, ROOT, wait_until
+from tests.browser import open_view, shot
+from tests.helpers import FAST, wait_until
 from tests.ui_helpers import Email, call, serving
 
 import awa
 from awa.web.ui import ui_app
-
-CHROMIUM = os.environ.get("AWA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = ROOT / "build" / "ui-screenshots"
 
 
 async def test_batch_api_preview_submit_cancel(client: awa.AsyncClient) -> None:
@@ -94,28 +85,6 @@ async def test_batch_api_read_only_and_token(client: awa.AsyncClient) -> None:
     assert [o["state"] for o in await client.list_batch_operations()] == ["pending", "pending"]
 
 
-@pytest.fixture
-async def page() -> AsyncIterator[Any]:
-    playwright_api = pytest.importorskip("playwright.async_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no Chromium: apt-get install chromium (or set AWA_CHROMIUM)")
-    async with playwright_api.async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        context = await browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = await context.new_page()
-        pg.on("dialog", lambda d: d.accept())  # confirm() prompts say yes
-        errors: list[str] = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        await browser.close()
-        assert errors == [], f"JavaScript errors: {errors}"
-
-
-async def open_view(page: Any, url: str, view: str) -> None:
-    await page.goto(url)
-    await page.wait_for_selector(f'main[data-view="{view}"]')
-
-
 async def test_batches_page_preview_submit_and_cancel(client: awa.AsyncClient,
                                                       page: Any) -> None:
     jobs = [await client.insert(Email(f"u{i}@example.com"), queue="bulk") for i in range(20)]
@@ -136,8 +105,7 @@ async def test_batches_page_preview_submit_and_cancel(client: awa.AsyncClient,
         await page.wait_for_selector("#batch-preview >> text=20")
         assert "20 queued jobs match" in await page.inner_text("#batch-preview")
         assert await page.locator("#batch-preview tr").count() == 11  # header + 10 samples
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=SHOTS / "batches-preview.png", full_page=True)
+        await page.screenshot(path=shot("batches-preview"), full_page=True)
 
         await client.start([("idle", 1)], **FAST, batch_interval_ms=50)
         await page.click('#batch-form button[value="submit"]')
@@ -145,7 +113,7 @@ async def test_batches_page_preview_submit_and_cancel(client: awa.AsyncClient,
         await page.wait_for_selector("#batches tr:nth-child(2) >> text=completed",
                                      timeout=20_000)
         assert "20 / 20" in await page.inner_text("#batches tr:nth-child(2)")
-        await page.screenshot(path=SHOTS / "batches.png", full_page=True)
+        await page.screenshot(path=shot("batches"), full_page=True)
     await client.shutdown()
     assert {(await client.get_job(j.id)).queue for j in jobs} == {"elsewhere"}
     ops = await client.list_batch_operations()

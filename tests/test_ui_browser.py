@@ -7,53 +7,14 @@ the test run.
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from tests.helpers import ROOT, wait_until
+from tests.browser import open_view, shot
+from tests.helpers import wait_until
 from tests.ui_helpers import Email, seed, serving
 
 import awa
 from awa.web.ui import ui_app
-
-playwright_api = pytest.importorskip("playwright.async_api")
-CHROMIUM = os.environ.get("AWA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip("no Chromium: apt-get install chromium (or set AWA_CHROMIUM)",
-                allow_module_level=True)
-
-SHOTS = ROOT / "build" / "ui-screenshots"
-#: Flags that keep Chromium off the network it cannot reach here.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-@pytest.fixture
-async def page() -> AsyncIterator[Any]:
-    async with playwright_api.async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        context = await browser.new_context(viewport={"width": 1280, "height": 900})
-        pg = await context.new_page()
-        pg.on("dialog", lambda d: d.accept())  # confirm() prompts say yes
-        errors: list[str] = []
-        pg.on("pageerror", lambda e: errors.append(str(e)))
-        yield pg
-        await browser.close()
-        assert errors == [], f"JavaScript errors: {errors}"
-
-
-def shot(name: str) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    return SHOTS / f"{name}.png"
-
-
-async def open_view(page: Any, url: str, view: str) -> None:
-    await page.goto(url)
-    await page.wait_for_selector(f'main[data-view="{view}"]')
 
 
 async def test_every_page_with_real_data(client: awa.AsyncClient, page: Any) -> None:
