@@ -183,11 +183,11 @@ async def test_runtime_role_without_write_rights_is_read_only(
     role = "awa_ui_reader"
     await pool.execute(f"DROP ROLE IF EXISTS {role}")
     try:
-        await pool.execute(f"CREATE ROLE {role} LOGIN")
+        await pool.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'reader-pw'")
         await pool.execute(f"GRANT USAGE ON SCHEMA awa TO {role}")
         await pool.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {role}")
         parts = urlsplit(database_url)
-        netloc = f"{role}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        netloc = f"{role}:reader-pw@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
         url = urlunsplit(parts._replace(netloc=netloc))
         async with serving(ui_app(url)) as base:
             assert (await call(f"{base}/api/config"))[1]["read_only"] is True
