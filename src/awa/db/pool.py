@@ -106,18 +106,27 @@ async def connect(database_url: str) -> asyncpg.Connection:
 
 async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
-                      command_timeout: float | None = None) -> asyncpg.Pool:
+                      command_timeout: float | None = None,
+                      idle_in_transaction_timeout: float | None = None) -> asyncpg.Pool:
     """A pool whose connections all carry Awa's codecs, fit for a pooler when
     one is declared or detected.
 
     Connections carry no session settings beyond ``application_name`` (which
     PgBouncer forwards): the claim statement turns ``synchronous_commit`` off
-    for its own transaction (see docs/architecture.md).
+    for its own transaction (see docs/architecture.md). On a direct
+    connection, ``idle_in_transaction_timeout`` lets the server end a session
+    whose client vanished mid-transaction (a half-open connection would
+    otherwise hold its row locks for ever); behind a pooler, the pooler's own
+    ``idle_transaction_timeout`` does that job.
     """
     pooled = await behind_pooler(database_url)
+    settings = {"application_name": application_name}
+    if idle_in_transaction_timeout is not None and not pooled:
+        settings["idle_in_transaction_session_timeout"] = \
+            f"{round(idle_in_transaction_timeout * 1000)}ms"
     pool = await asyncpg.create_pool(
         dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
-        init=init_connection, server_settings={"application_name": application_name},
+        init=init_connection, server_settings=settings,
         connection_class=AwaConnection, command_timeout=command_timeout,
         **driver_options(pooled))
     assert pool is not None
