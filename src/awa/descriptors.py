@@ -17,6 +17,7 @@ import asyncpg
 
 from awa import producer
 from awa.db.errors import translated
+from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.errors import ValidationError
 from awa.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
@@ -78,6 +79,18 @@ def status_of(live_instances: int, live_variants: int) -> str:
     return "drifted" if live_variants > 1 else "live"
 
 
+async def read(db: Conn | asyncpg.Pool, q: Queries,
+               scope: Scope | None = None) -> list[dict[str, Any]]:
+    """Every declared queue and kind (of ``scope``) with its status."""
+    live_within = PRESENCE_INTERVAL.total_seconds() * STALE_AFTER_INTERVALS
+    with translated():
+        rows = await db.fetch(q["descriptor_status"], live_within, scope)
+    return [{"scope": r["scope"], "name": r["name"], "descriptor": r["descriptor"],
+             "status": status_of(r["live_instances"], r["live_variants"]),
+             "live_instances": r["live_instances"],
+             "declared_at": r["declared_at"].isoformat()} for r in rows]
+
+
 class DescriptorOps:
     """Mixed into `AsyncClient`: declare descriptors, read them with their status."""
 
@@ -109,11 +122,4 @@ class DescriptorOps:
         """Every declared queue and kind with its status (live, stale, drifted)."""
         if scope not in (None, "queue", "kind"):
             raise ValidationError("scope", "must be 'queue', 'kind' or None")
-        live_within = PRESENCE_INTERVAL.total_seconds() * STALE_AFTER_INTERVALS
-        with translated():
-            rows = await (await self.pool()).fetch(self._q["descriptor_status"], live_within,
-                                                   scope)
-        return [{"scope": r["scope"], "name": r["name"], "descriptor": r["descriptor"],
-                 "status": status_of(r["live_instances"], r["live_variants"]),
-                 "live_instances": r["live_instances"],
-                 "declared_at": r["declared_at"].isoformat()} for r in rows]
+        return await read(await self.pool(), self._q, scope)

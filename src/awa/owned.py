@@ -60,7 +60,7 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
     assert db is not None
     async with db.pool.acquire() as conn:
         tx = OwnedTransaction(conn, db.q, _keep)
-        raw = conn.transaction()
+        raw = tx._tx  # the runtime starts and ends it; the handler only uses ``tx``
         finished = False
 
         async def end(commit: bool) -> None:

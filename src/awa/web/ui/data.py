@@ -11,6 +11,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from awa import descriptors as awa_descriptors
 from awa import overrides, producer
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -70,13 +71,7 @@ async def queues(conn: Conn, q: Queries) -> list[dict[str, Any]]:
 
 async def descriptors(conn: Conn, q: Queries) -> list[dict[str, Any]]:
     """Declared queue and kind descriptors with live / stale / drifted status."""
-    from awa.descriptors import status_of
-
-    live_within = PRESENCE_INTERVAL.total_seconds() * STALE_AFTER_INTERVALS
-    return [{"scope": r["scope"], "name": r["name"], "descriptor": r["descriptor"],
-             "status": status_of(r["live_instances"], r["live_variants"]),
-             "live_instances": r["live_instances"]}
-            for r in await conn.fetch(q["descriptor_status"], live_within, None)]
+    return await awa_descriptors.read(conn, q)
 
 
 def _preview(job: Job) -> dict[str, Any]:
