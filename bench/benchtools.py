@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import platform
 import sys
@@ -43,6 +44,14 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--reinstall", action="store_true", help="recreate bench/.venvs/awa")
     p.add_argument("--keep-db", action="store_true", help="leave the database in place")
+
+
+def write_report(name: str, report: dict, md: str) -> None:
+    """results/<name>.json and <name>.md, and the Markdown on stdout."""
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (RESULTS / f"{name}.md").write_text(md)
+    print()
+    print(md)
 
 
 def logdir(name: str) -> Path:

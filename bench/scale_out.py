@@ -498,10 +498,7 @@ def main() -> None:
            "network": "network namespaces + socat" if net else "plain processes, 127.0.0.1",
            "runs": runs, "order": order_run, "notes": notes}
     md = markdown(rep, tools.fmt)
-    (tools.RESULTS / "scale_out.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
-    (tools.RESULTS / "scale_out.md").write_text(md)
-    print()
-    print(md)
+    tools.write_report("scale_out", rep, md)
     print(f"wrote {tools.RESULTS / 'scale_out.md'} and scale_out.json (logs: {logs})")
 
 

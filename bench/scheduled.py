@@ -223,10 +223,7 @@ def main() -> None:
            f"- verified from the database: {'yes' if verify['ok'] else verify['problems']}",
            "", f"![{png.name}]({png.name})", ""]
     md = "\n".join(md)
-    (tools.RESULTS / "scheduled.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
-    (tools.RESULTS / "scheduled.md").write_text(md)
-    print()
-    print(md)
+    tools.write_report("scheduled", rep, md)
     print(f"wrote {tools.RESULTS / 'scheduled.md'}, scheduled.json and {png.name} (logs: {logs})")
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -642,10 +641,7 @@ def main() -> None:
     report["_fmt"] = tools.fmt
     md = markdown(report)
     del report["_fmt"]
-    (RESULTS / "soak.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (RESULTS / "soak.md").write_text(md)
-    print()
-    print(md)
+    tools.write_report("soak", report, md)
     print(f"wrote {RESULTS / 'soak.md'}, soak.json and {', '.join(report['plots'])} "
           f"(logs: {logs})")
 
