@@ -133,3 +133,39 @@ async def test_checkpoint_survives_sigkill(client: awa.AsyncClient, database_url
                      timeout=20)
     assert resumed_from == [{"percent": 50.0, "message": "halfway",
                              "metadata": {"cursor": 500, "attempt_seen": 1}}]
+
+
+async def test_heartbeat_skips_a_locked_row_and_keeps_its_progress(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """A heartbeat never waits for a row lock (so it cannot deadlock with a
+    completion batch): the other attempts are still beaten, and the locked one
+    keeps its attempt and its buffered progress, written by the first beat
+    after the lock is gone."""
+    release = asyncio.Event()
+    contexts: dict[int, awa.JobContext] = {}
+
+    @client.task(Batch)
+    async def handle(job: awa.JobContext) -> None:
+        contexts[job.id] = job
+        await release.wait()
+
+    locked, other = await client.insert(Batch()), await client.insert(Batch())
+    await client.start([("default", 2)], **FAST)
+    await wait_until(lambda: asyncio.sleep(0, len(contexts) == 2))
+    beat_sql = "SELECT heartbeat_at FROM awa.jobs WHERE id = $1"
+    async with conn.transaction():
+        before = await conn.fetchval(beat_sql + " FOR UPDATE", locked.id)
+        other_before = await conn.fetchval(beat_sql, other.id)
+        contexts[locked.id].set_progress(55, "while locked")
+        await asyncio.sleep(0.5)  # five heartbeat intervals
+        assert not contexts[locked.id].is_cancelled()  # not mistaken for a lost attempt
+        assert await conn.fetchval(beat_sql, locked.id) == before
+        assert await conn.fetchval(beat_sql, other.id) > other_before  # not held up
+    beat = await wait_until(lambda: _job_where(client, locked.id, lambda j: j.progress))
+    assert beat.progress == {"percent": 55.0, "message": "while locked", "metadata": {}}
+    assert beat.heartbeat_at is not None and beat.heartbeat_at > before
+    release.set()
+    for job_id in (locked.id, other.id):
+        done = await wait_until(lambda i=job_id: _job_where(client, i,
+                                                   lambda j: j.state is S.Completed))
+        assert done.attempt == 1

@@ -21,8 +21,10 @@ from awa.capacity import Capacity, TokenBucket
 from awa.config import QueueConfig
 from awa.db.queries import Queries
 from awa.model import Job
+from awa.states import CLAIM_COALESCE
 
 log = logging.getLogger("awa.dispatcher")
+COALESCE_SECONDS = CLAIM_COALESCE.total_seconds()
 
 
 class Dispatcher:
@@ -55,6 +57,10 @@ class Dispatcher:
         """Claim through ``pool`` from now on (the runtime's dedicated claim pool)."""
         self._pool = pool
 
+    def _min_batch(self) -> int:
+        """Claims of a busy queue wait (once, `CLAIM_COALESCE`) for this many free slots."""
+        return min(self.cfg.claim_batch_size, max(1, self._capacity.limit(self.cfg.name) // 4))
+
     def wake(self) -> None:
         """Claim again now (a NOTIFY arrived, a slot freed, or we are stopping)."""
         self._signal.set()
@@ -62,6 +68,7 @@ class Dispatcher:
     async def run(self, stopping: asyncio.Event) -> None:
         """Loop until ``stopping`` is set."""
         name = self.cfg.name
+        coalesced = False
         aging = self.cfg.priority_aging_interval.total_seconds()
         while not stopping.is_set():
             deadline = self.cfg.deadline.total_seconds()  # re-read: overrides change it
@@ -71,6 +78,12 @@ class Dispatcher:
                 free = 0  # completions are not being written as fast as jobs finish
             want = min(free, self.cfg.claim_batch_size)
             timeout = self._poll
+            if 0 < want < self._min_batch() and not coalesced \
+                    and self._capacity.in_use(name) > 0:
+                coalesced = True  # busy queue: let a few more slots free first, once
+                await asyncio.sleep(COALESCE_SECONDS)
+                continue
+            coalesced = False
             if self._limiter is not None and want > 0:
                 want = min(want, self._limiter.available())
                 if want == 0:

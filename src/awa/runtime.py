@@ -185,7 +185,8 @@ class Runtime:
         self._claim_pool = await create_pool(self._url, max_connections=2,
                                              application_name="awa-claim",
                                              command_timeout=statement_timeout,
-                                             idle_in_transaction_timeout=statement_timeout)
+                                             idle_in_transaction_timeout=statement_timeout,
+                                             generic_plans=True)
         # The runtime's own statements (completions, heartbeats, maintenance) use
         # a small pool of their own, with a statement timeout: a handler that
         # holds every client connection cannot starve heartbeats, and a
@@ -193,7 +194,8 @@ class Runtime:
         self._runtime_pool = await create_pool(self._url, max_connections=RUNTIME_POOL_SIZE,
                                                application_name="awa-runtime",
                                                command_timeout=statement_timeout,
-                                               idle_in_transaction_timeout=statement_timeout)
+                                               idle_in_transaction_timeout=statement_timeout,
+                                             generic_plans=True)
         self.completer.use_pool(self._runtime_pool)
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:

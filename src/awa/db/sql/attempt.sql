@@ -50,33 +50,39 @@ FROM picked WHERE j.id = picked.id
 RETURNING j.*
 
 -- name: attempt_heartbeat
--- Returns the attempts still owned; a missing one was rescued or cancelled.
--- Rows are locked in id order, as the completion batch locks them, so the
--- two can never deadlock.
+-- One row per attempt still owned (a missing one was rescued or cancelled);
+-- written = false when its row was locked by another statement (usually the
+-- completion batch finishing it) and this beat skipped it. SKIP LOCKED means
+-- a heartbeat never waits for a row lock, so it can never be part of a
+-- deadlock, which is what lets the completion batch lock in any order.
 -- Buffered progress ($3, NULL = unchanged) is written along.
 WITH c AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, progress)
+), owned AS (
+    SELECT j.id FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
+    WHERE j.state IN ('running', 'waiting_external')
 ), locked AS (
     SELECT j.id, c.progress FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
     WHERE j.state IN ('running', 'waiting_external')
-    ORDER BY j.id FOR UPDATE OF j
+    FOR UPDATE OF j SKIP LOCKED
+), beat AS (
+    UPDATE awa.jobs j SET heartbeat_at = now(), progress = coalesce(locked.progress, j.progress)
+    FROM locked WHERE j.id = locked.id
+    RETURNING j.id
 )
-UPDATE awa.jobs j SET heartbeat_at = now(), progress = coalesce(locked.progress, j.progress)
-FROM locked WHERE j.id = locked.id
-RETURNING j.id
+SELECT o.id, b.id IS NOT NULL AS written FROM owned o LEFT JOIN beat b ON b.id = o.id
 
 -- name: attempt_complete_batch
 -- Finish many attempts in one round trip, each under its own lease guard.
 -- Returns the ids that completed; the rest were stale and changed nothing.
+-- No explicit row lock first (it would cost a WAL record per job): the
+-- DELETE locks each row itself and re-checks the guard against the newest
+-- version. Heartbeats skip locked rows, so they cannot deadlock with it.
 WITH c AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, output)
-), locked AS (
-    SELECT j.id, c.output FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
-    WHERE j.state = 'running'
-    ORDER BY j.id FOR UPDATE OF j
 ), moved AS (
-    DELETE FROM awa.jobs j USING locked c
-    WHERE j.id = c.id AND j.state = 'running'
+    DELETE FROM awa.jobs j USING c
+    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state = 'running'
     RETURNING j, c.output
 ), done AS (
     INSERT INTO awa.jobs_done
