@@ -95,4 +95,5 @@ SELECT coalesce(n_dead_tup, 0) AS dead, coalesce(n_live_tup, 0) AS live
 FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
 
 -- name: jobs_vacuum
+-- Never truncates the table (vacuum_truncate = false, migration 0006).
 VACUUM (ANALYZE) awa.jobs
