@@ -41,7 +41,7 @@ from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.batch import BatchRunner
 from awa.maintenance.leader import LeaderElection
-from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer
+from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer, Vacuumer
 from awa.model import Job
 from awa.overrides import OverrideWatcher
 from awa.presence import PRESENCE_INTERVAL, Presence
@@ -147,6 +147,7 @@ class Runtime:
                     failed_retention=c.failed_retention, on_rescued=self._rescued),
             Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
                     batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
+            Vacuumer(pool, q, states.VACUUM_CHECK_INTERVAL, is_leader),
             CronService(pool, q, c.cron_interval, is_leader),
             BatchRunner(pool, q, c.batch_interval, is_leader, instance_id=self.instance_id,
                         chunk_size=c.batch_chunk_size),

@@ -94,6 +94,8 @@ LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
 #: free before claiming, so claims come in batches of at least a quarter of
 #: the queue's slots instead of one or two jobs per round trip.
 CLAIM_COALESCE = timedelta(milliseconds=1)
+#: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
+VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
 CALLBACK_TIMEOUT = timedelta(seconds=3600)
 PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
 BACKOFF_CAP = timedelta(hours=24)
