@@ -150,7 +150,9 @@ async def test_heartbeat_skips_a_locked_row_and_keeps_its_progress(
         await release.wait()
 
     locked, other = await client.insert(Batch()), await client.insert(Batch())
-    await client.start([("default", 2)], **FAST)
+    # Staleness well above the lock's 0.5 s, so rescue cannot take the locked job
+    # the moment the lock goes (its heartbeat is skipped meanwhile, by design).
+    await client.start([("default", 2)], **{**FAST, "heartbeat_staleness_ms": 30_000})
     await wait_until(lambda: asyncio.sleep(0, len(contexts) == 2))
     beat_sql = "SELECT heartbeat_at FROM awa.jobs WHERE id = $1"
     async with conn.transaction():
