@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from dataclasses import dataclass
+from datetime import timedelta
 
 import asyncpg
 from tests.helpers import FAST, spawn_worker, wait_until
@@ -252,3 +253,21 @@ async def test_leader_vacuums_a_churned_jobs_table(client: awa.AsyncClient,
     async def vacuumed() -> bool:  # by the leader on its own, within its check interval
         return vacuumer.vacuums >= 1 and await dead() < 10_000  # type: ignore[attr-defined]
     await wait_until(vacuumed, timeout=30, message="the leader's vacuum")
+
+
+async def test_cleanup_creates_every_partition_ahead_one_transaction_each(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """The first pass creates an hourly jobs_done partition for every hour a
+    finished job can land in (up to the longest retention). Each is created in
+    its own transaction (bench/soak.py shows the stall that one big one caused)."""
+    await client.start([("other", 1)], **FAST)
+    assert client.runtime is not None
+    await client.runtime.service("cleanup").run_once()
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'awa.jobs_done'::regclass AND c.relname LIKE 'jobs_done_p%'")
+    names = {r["relname"] for r in rows}
+    now = await conn.fetchval("SELECT date_trunc('hour', now(), 'UTC')")
+    hours = [now + timedelta(hours=h) for h in range(0, 72 + 1)]  # failed retention: 72 h
+    assert {f"jobs_done_p{h:%Y%m%d%H}" for h in hours} <= names
