@@ -362,3 +362,19 @@ async def test_health_listener(client: awa.AsyncClient, database_url: str) -> No
         await conn.close()
     status, text = await _http_get(port, "/readyz")
     assert status == 503 and json.loads(text)["schema_compatible"] is False
+
+
+async def test_runtime_pools_plan_once_and_never_jit(client: awa.AsyncClient) -> None:
+    """The claim and runtime pools use generic plans without JIT: with a big backlog a
+    generic claim plan's estimated cost crosses jit_above_cost, and JIT-compiling every
+    claim took 0.7 s on PostgreSQL 15 (bench/soak.py)."""
+    await client.start([("default", 1)], **FAST)
+    runtime = client.runtime
+    assert runtime is not None
+    for pool in (runtime._claim_pool, runtime._runtime_pool):
+        assert pool is not None
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW jit") == "off"
+            assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+    # The client's own pool (admin queries with optional filters) keeps custom plans.
+    assert await (await client.pool()).fetchval("SHOW plan_cache_mode") == "auto"
