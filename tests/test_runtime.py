@@ -364,17 +364,40 @@ async def test_health_listener(client: awa.AsyncClient, database_url: str) -> No
     assert status == 503 and json.loads(text)["schema_compatible"] is False
 
 
-async def test_runtime_pools_plan_once_and_never_jit(client: awa.AsyncClient) -> None:
-    """The claim and runtime pools use generic plans without JIT: with a big backlog a
-    generic claim plan's estimated cost crosses jit_above_cost, and JIT-compiling every
-    claim took 0.7 s on PostgreSQL 15 (bench/soak.py)."""
-    await client.start([("default", 1)], **FAST)
+async def test_claims_stay_fast_when_the_backlog_grows_after_start(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """A worker that starts on an empty table keeps claiming by index once a big
+    backlog arrives. PostgreSQL settles on a generic plan after five runs of a
+    prepared statement, and one made on the empty table scanned it whole per claim
+    (1.3 s at 300,000 jobs); the runtime's pools therefore plan each statement
+    afresh, and without JIT (a claim planned against a big backlog compiled for
+    0.7 s on PostgreSQL 15)."""
+    await conn.execute("ANALYZE awa.jobs")  # statistics of an empty table, as after a drain
+    await client.start([("default", 32)], **FAST)
     runtime = client.runtime
     assert runtime is not None
     for pool in (runtime._claim_pool, runtime._runtime_pool):
         assert pool is not None
-        async with pool.acquire() as conn:
-            assert await conn.fetchval("SHOW jit") == "off"
-            assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
-    # The client's own pool (admin queries with optional filters) keeps custom plans.
-    assert await (await client.pool()).fetchval("SHOW plan_cache_mode") == "auto"
+        async with pool.acquire() as pooled:
+            assert await pooled.fetchval("SHOW jit") == "off"
+            assert await pooled.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+    done = 0
+
+    @client.task(Backlog)
+    async def handle(job: awa.JobContext) -> None:
+        nonlocal done
+        done += 1
+
+    await asyncio.sleep(1.0)  # idle claims on the empty table: more than five of them
+    await conn.execute(
+        "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
+        "SELECT 'backlog', 'default', '{}', 'available', 2, 25 "
+        "FROM generate_series(1, 200000)")
+    # A whole-table scan per claim (the bug) needs over a minute for these.
+    await wait_until(lambda: asyncio.sleep(0, done >= 2000), timeout=20,
+                     message="2,000 jobs of the backlog")
+
+
+@dataclass
+class Backlog:
+    pass

@@ -187,7 +187,7 @@ class Runtime:
                                              application_name="awa-claim",
                                              command_timeout=statement_timeout,
                                              idle_in_transaction_timeout=statement_timeout,
-                                             generic_plans=True)
+                                             hot_path=True)
         # The runtime's own statements (completions, heartbeats, maintenance) use
         # a small pool of their own, with a statement timeout: a handler that
         # holds every client connection cannot starve heartbeats, and a
@@ -196,7 +196,7 @@ class Runtime:
                                                application_name="awa-runtime",
                                                command_timeout=statement_timeout,
                                                idle_in_transaction_timeout=statement_timeout,
-                                             generic_plans=True)
+                                             hot_path=True)
         self.completer.use_pool(self._runtime_pool)
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:

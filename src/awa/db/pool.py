@@ -108,7 +108,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
                       command_timeout: float | None = None,
                       idle_in_transaction_timeout: float | None = None,
-                      generic_plans: bool = False) -> asyncpg.Pool:
+                      hot_path: bool = False) -> asyncpg.Pool:
     """A pool whose connections all carry Awa's codecs, fit for a pooler when
     one is declared or detected.
 
@@ -118,22 +118,21 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     connection, ``idle_in_transaction_timeout`` lets the server end a session
     whose client vanished mid-transaction (a half-open connection would
     otherwise hold its row locks for ever); behind a pooler, the pooler's own
-    ``idle_transaction_timeout`` does that job. ``generic_plans`` (direct
-    connections only) plans each prepared statement once: the runtime's few
-    hot statements otherwise get a fresh custom plan per execution, which cost
-    as much as running the claim itself (about 0.4 ms of 1.4 ms, measured),
-    and with them JIT compilation is turned off.
+    ``idle_transaction_timeout`` does that job. ``hot_path`` (the
+    runtime's pools, direct connections only) plans every statement afresh
+    and never JIT-compiles: PostgreSQL otherwise settles on a generic claim
+    plan after five runs, and one made while awa.jobs was empty went on
+    scanning the table once a backlog built up (1.3 s per claim at 300,000
+    jobs, measured); a claim planned against a big backlog could also cross
+    ``jit_above_cost`` and compile for most of a second.
     """
     pooled = await behind_pooler(database_url)
     settings = {"application_name": application_name}
     if idle_in_transaction_timeout is not None and not pooled:
         settings["idle_in_transaction_session_timeout"] = \
             f"{round(idle_in_transaction_timeout * 1000)}ms"
-    if generic_plans and not pooled:
-        settings["plan_cache_mode"] = "force_generic_plan"
-        # A generic plan prices LIMIT $n as a tenth of the table: with a big
-        # backlog that crosses jit_above_cost, and JIT-compiling each claim took
-        # 0.7 s (measured, PostgreSQL 15). These statements never gain from JIT.
+    if hot_path and not pooled:
+        settings["plan_cache_mode"] = "force_custom_plan"
         settings["jit"] = "off"
     pool = await asyncpg.create_pool(
         dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
