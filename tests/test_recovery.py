@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from tests.helpers import FAST, spawn_worker, wait_until
@@ -67,7 +67,6 @@ async def test_stale_completion_after_rescue_changes_nothing(client: awa.AsyncCl
     # The attempt goes stale and is rescued; a new attempt claims it.
     await conn.execute("UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' "
                        "WHERE id = $1", job.id)
-    from datetime import timedelta
     rescued = await pool.fetch(q["job_rescue_running"], timedelta(seconds=90), 100,
                                timedelta(days=1))
     assert [r["id"] for r in rescued] == [job.id]
@@ -255,19 +254,32 @@ async def test_leader_vacuums_a_churned_jobs_table(client: awa.AsyncClient,
     await wait_until(vacuumed, timeout=30, message="the leader's vacuum")
 
 
-async def test_cleanup_creates_every_partition_ahead_one_transaction_each(
+async def test_cleanup_creates_only_the_partitions_finished_jobs_land_in(
         client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
-    """The first pass creates an hourly jobs_done partition for every hour a
-    finished job can land in (up to the longest retention). Each is created in
-    its own transaction (bench/soak.py shows the stall that one big one caused)."""
+    """Each pass makes the hourly jobs_done partitions of now + each retention (for
+    the next two passes), one transaction each, and not every hour in between:
+    the first pass used to create 73 at once and stalled completions for 8 s."""
+    @client.task(Sleepy)
+    async def handle(job: awa.JobContext) -> None:
+        await asyncio.sleep(job.args.seconds)
+
     await client.start([("other", 1)], **FAST)
     assert client.runtime is not None
     await client.runtime.service("cleanup").run_once()
-    rows = await conn.fetch(
-        "SELECT c.relname FROM pg_inherits i "
-        "JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = 'awa.jobs_done'::regclass AND c.relname LIKE 'jobs_done_p%'")
-    names = {r["relname"] for r in rows}
-    now = await conn.fetchval("SELECT date_trunc('hour', now(), 'UTC')")
-    hours = [now + timedelta(hours=h) for h in range(0, 72 + 1)]  # failed retention: 72 h
-    assert {f"jobs_done_p{h:%Y%m%d%H}" for h in hours} <= names
+    names = {r["relname"] for r in await conn.fetch(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'awa.jobs_done'::regclass AND c.relname LIKE 'jobs_done_p%'")}
+    now = await conn.fetchval("SELECT now()")
+
+    def part(at: datetime) -> str:
+        return f"jobs_done_p{at.astimezone(UTC):%Y%m%d%H}"
+    assert part(now + timedelta(hours=24)) in names  # completed retention
+    assert part(now + timedelta(hours=72)) in names  # failed retention
+    assert part(now + timedelta(hours=12)) not in names  # no hour lands there
+    assert len(names) <= 6
+
+    async def finished() -> bool:
+        return await _state(client, job.id) is awa.JobState.Completed
+    job = await client.insert(Sleepy(0), queue="other")
+    await wait_until(finished)
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done_default") == 0

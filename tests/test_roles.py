@@ -180,7 +180,8 @@ async def test_runtime_role_runs_workers_maintenance_cron_dlq_and_callbacks(
             "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'awa.jobs_done'::regclass")
         names = {p["relname"] for p in partitions}
         assert "jobs_done_p2020010100" not in names
-        assert len(names) > 2 and {p["owner"] for p in partitions} == {roles.names[0]}
+        # Hourly partitions made ahead (through SECURITY DEFINER), owned by the owner role.
+        assert len(names) >= 2 and {p["owner"] for p in partitions} == {roles.names[0]}
 
         # No DDL for the runtime role.
         for ddl in ("CREATE TABLE awa.evil (x int)", "DROP TABLE awa.jobs",

@@ -138,14 +138,17 @@ class Runtime:
         is_leader = lambda: self.leader.is_leader  # noqa: E731
         rescue_every = min(c.heartbeat_rescue_interval, c.deadline_rescue_interval,
                            c.callback_rescue_interval)
-        horizon = max(c.completed_retention, c.failed_retention) + c.cleanup_interval * 2
         return [
             self.leader,
             Heartbeat(pool, q, c.heartbeat_interval, self._live_attempts, self._lost),
             Promoter(pool, q, c.promote_interval, is_leader),
             Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
                     failed_retention=c.failed_retention, on_rescued=self._rescued),
-            Cleaner(pool, q, c.cleanup_interval, is_leader, horizon=horizon,
+            # Every retention a finished job may carry: this worker's, and the
+            # defaults that client-side cancels and callback resolutions use.
+            Cleaner(pool, q, c.cleanup_interval, is_leader,
+                    retentions=(c.completed_retention, c.failed_retention,
+                                states.COMPLETED_RETENTION, states.FAILED_RETENTION),
                     batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
             Vacuumer(pool, q, states.VACUUM_CHECK_INTERVAL, is_leader),
             CronService(pool, q, c.cron_interval, is_leader),

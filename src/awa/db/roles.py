@@ -19,6 +19,7 @@ _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 #: Partition DDL runs through these SECURITY DEFINER functions (as the owner);
 #: nobody but the runtime role may call them.
 DEFINER_FUNCTIONS = ("awa.ensure_done_partitions(timestamptz)",
+                     "awa.ensure_done_partitions(timestamptz, timestamptz)",
                      "awa.drop_done_partitions(timestamptz)")
 
 _RUNTIME = """\

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -82,26 +82,31 @@ class Cleaner(PeriodicService):
     name = "cleanup"
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
-                 is_leader: Callable[[], bool], *, horizon: timedelta, batch_size: int,
+                 is_leader: Callable[[], bool], *, retentions: Iterable[timedelta],
+                 batch_size: int,
                  dlq_retention: timedelta) -> None:
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
         self._dlq_retention = dlq_retention
-        self._horizon = horizon
+        self._retentions = sorted(set(retentions))
+        self._lookahead = interval * 2
         self._batch = batch_size
         self.pruned = 0
 
     async def run_once(self) -> None:
         q = self._q
         async with self._pool.acquire() as conn:
-            # One statement (so one transaction) per hour: creating a partition locks
-            # awa.jobs_done until commit, and completions insert into it. Made all at
-            # once, the first pass's 73 partitions stalled completions for 8 s.
-            hour, until = await conn.fetchrow(q["done_partitions_window"], self._horizon)
-            while hour < until:
-                await conn.execute(q["done_partitions_ensure"], hour)
-                hour += HOUR
-            await conn.execute(q["done_partitions_ensure"], until)
+            # Only the hours finished jobs will land in (now + each retention, over
+            # the next two passes), one statement (so one transaction) each:
+            # creating a partition locks awa.jobs_done, which every completion
+            # inserts into. Making all 73 hours up to now + 72 h in one go
+            # stalled completions for 8 s (bench/soak.py).
+            for retention in self._retentions:
+                hour, until = await conn.fetchrow(q["done_partitions_window"], retention,
+                                                  self._lookahead)
+                while hour <= until:
+                    await conn.execute(q["done_partitions_ensure"], hour)
+                    hour += HOUR
             self.pruned += int(await conn.fetchval(q["done_partitions_drop"]) or 0)
             while True:
                 status = await conn.execute(q["done_default_prune"], self._batch)

@@ -69,12 +69,13 @@ SELECT r.*, pg_notify('awa_cancel', r.id::text)
 FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r
 
 -- name: done_partitions_window
--- The hours the next finished jobs can land in: this one to now + $1.
-SELECT date_trunc('hour', now(), 'UTC') AS first, now() + $1::interval AS until
+-- The hours jobs finished from now until $2 later land in, with retention $1.
+SELECT date_trunc('hour', now() + $1::interval, 'UTC') AS first,
+       now() + $1::interval + $2::interval AS until
 
 -- name: done_partitions_ensure
--- Every hourly partition up to $1 (called once per hour, each its own transaction).
-SELECT awa.ensure_done_partitions($1)
+-- The hourly partition of hour $1 (one per statement, so one per transaction).
+SELECT awa.ensure_done_partitions($1, $1)
 
 -- name: done_partitions_drop
 SELECT awa.drop_done_partitions(now())
