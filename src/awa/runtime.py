@@ -183,23 +183,24 @@ class Runtime:
 
     async def start(self) -> None:
         telemetry.detect()
+        # Both of the runtime's own pools give up on a statement after
+        # RUNTIME_STATEMENT_TIMEOUT, end a session left idle in a transaction
+        # (a half-open client), and plan afresh without JIT (see create_pool).
+        timeout = states.RUNTIME_STATEMENT_TIMEOUT.total_seconds()
+
+        async def own_pool(name: str, size: int) -> asyncpg.Pool:
+            return await create_pool(self._url, max_connections=size, application_name=name,
+                                     command_timeout=timeout,
+                                     idle_in_transaction_timeout=timeout, hot_path=True)
+
         # Claims go through their own small pool, so they never queue behind
         # outcomes; they commit asynchronously (see attempt_claim).
-        statement_timeout = states.RUNTIME_STATEMENT_TIMEOUT.total_seconds()
-        self._claim_pool = await create_pool(self._url, max_connections=2,
-                                             application_name="awa-claim",
-                                             command_timeout=statement_timeout,
-                                             idle_in_transaction_timeout=statement_timeout,
-                                             hot_path=True)
+        self._claim_pool = await own_pool("awa-claim", 2)
         # The runtime's own statements (completions, heartbeats, maintenance) use
-        # a small pool of their own, with a statement timeout: a handler that
-        # holds every client connection cannot starve heartbeats, and a
-        # half-open connection fails its statement instead of hanging the worker.
-        self._runtime_pool = await create_pool(self._url, max_connections=RUNTIME_POOL_SIZE,
-                                               application_name="awa-runtime",
-                                               command_timeout=statement_timeout,
-                                               idle_in_transaction_timeout=statement_timeout,
-                                             hot_path=True)
+        # a small pool of their own: a handler that holds every client
+        # connection cannot starve heartbeats, and a half-open connection fails
+        # its statement instead of hanging the worker.
+        self._runtime_pool = await own_pool("awa-runtime", RUNTIME_POOL_SIZE)
         self.completer.use_pool(self._runtime_pool)
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:
