@@ -369,18 +369,20 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
     """A worker that starts on an empty table keeps claiming by index once a big
     backlog arrives. PostgreSQL settles on a generic plan after five runs of a
     prepared statement, and one made on the empty table scanned it whole per claim
-    (1.3 s at 300,000 jobs); the runtime's pools therefore plan each statement
-    afresh, and without JIT (a claim planned against a big backlog compiled for
-    0.7 s on PostgreSQL 15)."""
+    (1.3 s at 300,000 jobs). The runtime's pools therefore plan afresh (the
+    runtime pool) or re-plan after `CLAIM_PLAN_LIFETIME` (the claim pool), both
+    without JIT (a claim planned against a big backlog compiled for 0.7 s on
+    PostgreSQL 15)."""
     await conn.execute("ANALYZE awa.jobs")  # statistics of an empty table, as after a drain
     await client.start([("default", 32)], **FAST)
     runtime = client.runtime
     assert runtime is not None
-    for pool in (runtime._claim_pool, runtime._runtime_pool):
+    for pool, mode in ((runtime._claim_pool, "force_generic_plan"),
+                       (runtime._runtime_pool, "force_custom_plan")):
         assert pool is not None
         async with pool.acquire() as pooled:
             assert await pooled.fetchval("SHOW jit") == "off"
-            assert await pooled.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+            assert await pooled.fetchval("SHOW plan_cache_mode") == mode
     done = 0
 
     @client.task(Backlog)
@@ -401,3 +403,53 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
 @dataclass
 class Backlog:
     pass
+
+
+@dataclass
+class Ahead:
+    n: int
+    block: bool = False
+    seconds: float = 0.0
+
+
+@pytest.mark.parametrize("warm_up_seconds, ahead", [(0.0, 4), (0.03, 0)])
+async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
+        client: awa.AsyncClient, conn: asyncpg.Connection, warm_up_seconds: float,
+        ahead: int) -> None:
+    """Once its handlers prove quick, a queue claims a batch beyond its free slots
+    (the next claim overlaps the running batch). Those jobs stay heartbeated while
+    they wait, and a stopping worker hands them back unstarted, attempt uncounted.
+    Slow handlers never claim ahead."""
+    started: list[int] = []
+    never = asyncio.Event()
+
+    @client.task(Ahead)
+    async def handle(job: awa.JobContext) -> None:
+        started.append(job.args.n)
+        await asyncio.sleep(job.args.seconds)
+        if job.args.block:
+            await never.wait()
+
+    warm = [(await client.insert(Ahead(i, seconds=warm_up_seconds))).id for i in range(20)]
+    await client.start([{"name": "default", "max_workers": 2, "claim_batch_size": 4}], **FAST)
+    await _finished(client, warm)
+    blocked = [(await client.insert(Ahead(100 + i, block=True))).id for i in range(10)]
+
+    async def running() -> list[asyncpg.Record]:
+        return await conn.fetch("SELECT id, run_lease FROM awa.jobs WHERE state = 'running' "
+                                "ORDER BY id")
+
+    async def settled() -> list[asyncpg.Record] | None:
+        rows = await running()
+        return rows if len(rows) == 2 + ahead and len(started) == 22 else None
+
+    claimed = await wait_until(settled, message=f"2 running and {ahead} claimed ahead")
+    assert [r["id"] for r in claimed] == blocked[:2 + ahead]  # in claim order
+    await asyncio.sleep(1.5)  # over twice the staleness: rescue would take unbeaten jobs
+    assert await running() == claimed
+    assert sorted(started[20:]) == [100, 101]  # the jobs claimed ahead never started
+    await client.shutdown(timeout_ms=200)
+    rows = await conn.fetch("SELECT id, state::text, attempt FROM awa.jobs ORDER BY id")
+    assert [(r["id"], r["state"], r["attempt"]) for r in rows] == (
+        [(i, "running", 1) for i in blocked[:2]]  # abandoned handlers: left for rescue
+        + [(i, "available", 0) for i in blocked[2:]])

@@ -5,6 +5,12 @@ many jobs as the queue has free slots (capped by the claim batch size and the
 rate limit) and hands each to the runtime to run. It sleeps until a NOTIFY
 for its queue, a freed slot, or the poll interval, whichever comes first, so
 it works with polling alone when LISTEN is unavailable.
+
+A queue whose handlers are quick also claims one batch ahead of its free
+slots (see `CLAIM_AHEAD_MAX_RUN`), so a claim's round trip overlaps the batch
+running rather than following it. Jobs claimed ahead wait in `ready` and start
+the moment a slot frees; they are heartbeated like running ones, and handed
+back (attempt not counted) if the worker stops before starting them.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 import asyncpg
@@ -21,10 +28,12 @@ from awa.capacity import Capacity, TokenBucket
 from awa.config import QueueConfig
 from awa.db.queries import Queries
 from awa.model import Job
-from awa.states import CLAIM_COALESCE
+from awa.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
 
 log = logging.getLogger("awa.dispatcher")
 COALESCE_SECONDS = CLAIM_COALESCE.total_seconds()
+AHEAD_MAX_RUN_SECONDS = CLAIM_AHEAD_MAX_RUN.total_seconds()
+RUN_AVERAGE_WEIGHT = 0.1  # of the newest handler run, in the moving average
 
 
 class Dispatcher:
@@ -44,6 +53,10 @@ class Dispatcher:
         self._signal = asyncio.Event()
         self.last_loop_at = time.monotonic()
         self.claimed = 0
+        #: Claimed ahead, waiting for a slot (claim order).
+        self.ready: deque[Job] = deque()
+        self._run_average = 2 * AHEAD_MAX_RUN_SECONDS  # unknown handlers count as slow
+        self._stopping: asyncio.Event | None = None
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
         """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
@@ -65,18 +78,67 @@ class Dispatcher:
         """Claim again now (a NOTIFY arrived, a slot freed, or we are stopping)."""
         self._signal.set()
 
+    def ran(self, seconds: float) -> None:
+        """Record how long one handler of this queue ran (decides claiming ahead)."""
+        self._run_average += RUN_AVERAGE_WEIGHT * (seconds - self._run_average)
+
+    def slot_freed(self) -> None:
+        """A handler of this queue (or, weighted, of any queue) returned."""
+        self._start_ready()
+        self._signal.set()
+
+    def _start_ready(self) -> None:
+        """Start jobs claimed ahead while slots are free."""
+        name = self.cfg.name
+        stopping = self._stopping is not None and self._stopping.is_set()
+        while self.ready and not stopping and self._capacity.free(name) > 0:
+            self._capacity.acquire(name)
+            self._launch(self.ready.popleft())
+
+    def _ahead(self) -> int:
+        """How many jobs to claim beyond the free slots."""
+        return self.cfg.claim_batch_size if self._run_average <= AHEAD_MAX_RUN_SECONDS else 0
+
+    def forget(self, job_id: int) -> bool:
+        """Drop a job claimed ahead (cancelled, or rescued elsewhere) before it starts."""
+        for job in self.ready:
+            if job.id == job_id:
+                self.ready.remove(job)
+                return True
+        return False
+
+    async def _unclaim(self) -> None:
+        """Hand jobs claimed ahead back to the queue: the worker is stopping."""
+        jobs, self.ready = list(self.ready), deque()
+        if not jobs:
+            return
+        try:
+            await self._pool.execute(self._q["attempt_unclaim"], [j.id for j in jobs],
+                                     [j.run_lease for j in jobs])
+        except Exception as exc:  # they stay running, and rescue re-runs them
+            log.warning("could not hand back %d jobs claimed ahead from %r: %r",
+                        len(jobs), self.cfg.name, exc)
+
     async def run(self, stopping: asyncio.Event) -> None:
-        """Loop until ``stopping`` is set."""
+        """Loop until ``stopping`` is set, then hand back jobs claimed ahead."""
+        self._stopping = stopping
+        try:
+            await self._loop(stopping)
+        finally:
+            await self._unclaim()
+
+    async def _loop(self, stopping: asyncio.Event) -> None:
         name = self.cfg.name
         coalesced = False
         aging = self.cfg.priority_aging_interval.total_seconds()
         while not stopping.is_set():
             deadline = self.cfg.deadline.total_seconds()  # re-read: overrides change it
             self.last_loop_at = time.monotonic()
+            self._start_ready()
             free = self._capacity.free(name)
             if self._backlogged():
                 free = 0  # completions are not being written as fast as jobs finish
-            want = min(free, self.cfg.claim_batch_size)
+            want = min(free + self._ahead() - len(self.ready), self.cfg.claim_batch_size)
             timeout = self._poll
             if 0 < want < self._min_batch() and not coalesced \
                     and self._capacity.in_use(name) > 0:
@@ -90,9 +152,10 @@ class Dispatcher:
                     timeout = min(timeout, self._limiter.wait_time())
             if want > 0:
                 self._signal.clear()
-                # Reserve the slots before the round trip, so other queues'
+                # Reserve the free slots before the round trip, so other queues'
                 # dispatchers cannot hand out the same shared slots meanwhile.
-                self._capacity.acquire(name, want)
+                reserved = min(want, free)
+                self._capacity.acquire(name, reserved)
                 started = time.perf_counter()
                 try:
                     rows = await self._pool.fetch(self._q["attempt_claim"], name, want,
@@ -104,15 +167,14 @@ class Dispatcher:
                     log.warning("claim from %r failed: %r", name, exc)
                     rows = []
                 finally:
-                    self._capacity.release(name, want)
+                    self._capacity.release(name, reserved)
                 if self._limiter is not None:
                     self._limiter.take(len(rows))
-                for row in rows:
-                    self._capacity.acquire(name)
-                    self._launch(Job.from_row(row))
+                self.ready.extend(Job.from_row(row) for row in rows)
+                self._start_ready()
                 self.claimed += len(rows)
                 more = len(rows) == want
-                self._capacity.set_hungry(name, more and want == free)
+                self._capacity.set_hungry(name, more and want >= free)
                 if more:
                     continue
             try:

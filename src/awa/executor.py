@@ -28,7 +28,7 @@ OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait", 
 TRACEBACK_FRAMES = 5
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """What an attempt came to, ready to be written."""
 

@@ -27,7 +27,7 @@ TRIGGER_OF: dict[str, Trigger] = {
     "wait": "waiting_for_callback"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finalized:
     """What finalizing did."""
 

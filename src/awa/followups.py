@@ -187,6 +187,8 @@ class FollowUpRegistry:
 
     def emit(self, event: str, job: Job, error: str | None = None) -> None:
         """Deliver an event to matching hooks, in the background; failures are logged."""
+        if not self._hooks:
+            return
         matching = [fn for kind, events, fn in self._hooks
                     if event in events and (kind is None or kind == job.kind)]
         if not matching:

@@ -10,10 +10,17 @@ from typing import Any
 
 from awa.states import JobState
 
+_STATE = {s.value: s for s in JobState}
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Job:
-    """A job as stored, wherever it lives (active, finished or dead-lettered)."""
+    """A job as stored, wherever it lives (active, finished or dead-lettered).
+
+    A snapshot: changing a field changes nothing in the database. (Not a
+    frozen dataclass: building a frozen one costs eight times as much, and a
+    worker builds one per claimed job.)
+    """
 
     id: int
     kind: str
@@ -52,7 +59,7 @@ class Job:
         callback_id = row["callback_id"]
         return cls(
             id=row["id"], kind=row["kind"], queue=row["queue"],
-            state=JobState(row["state"]), priority=row["priority"],
+            state=_STATE[row["state"]], priority=row["priority"],
             attempt=row["attempt"], max_attempts=row["max_attempts"],
             args=row["args"], run_at=row["run_at"], created_at=row["created_at"],
             tags=list(row["tags"]), metadata=row["metadata"], errors=row["errors"] or [],

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import asyncpg
 
@@ -124,6 +124,7 @@ class Runtime:
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (outcome, queue), not completed
         self._job_tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
+        self._dispatch_loops: list[asyncio.Task[None]] = []
         self._stop_claiming = asyncio.Event()
         self._stop_services = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
@@ -188,19 +189,20 @@ class Runtime:
         # (a half-open client), and plan afresh without JIT (see create_pool).
         timeout = states.RUNTIME_STATEMENT_TIMEOUT.total_seconds()
 
-        async def own_pool(name: str, size: int) -> asyncpg.Pool:
+        async def own_pool(name: str, size: int,
+                           plans: Literal["custom", "reused"]) -> asyncpg.Pool:
             return await create_pool(self._url, max_connections=size, application_name=name,
                                      command_timeout=timeout,
-                                     idle_in_transaction_timeout=timeout, hot_path=True)
+                                     idle_in_transaction_timeout=timeout, plans=plans)
 
         # Claims go through their own small pool, so they never queue behind
         # outcomes; they commit asynchronously (see attempt_claim).
-        self._claim_pool = await own_pool("awa-claim", 2)
+        self._claim_pool = await own_pool("awa-claim", 2, "reused")
         # The runtime's own statements (completions, heartbeats, maintenance) use
         # a small pool of their own: a handler that holds every client
         # connection cannot starve heartbeats, and a half-open connection fails
         # its statement instead of hanging the worker.
-        self._runtime_pool = await own_pool("awa-runtime", RUNTIME_POOL_SIZE)
+        self._runtime_pool = await own_pool("awa-runtime", RUNTIME_POOL_SIZE, "custom")
         self.completer.use_pool(self._runtime_pool)
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:
@@ -221,9 +223,9 @@ class Runtime:
         for svc in self.services:
             self._loops.append(asyncio.create_task(svc.run(self._stop_services),
                                                    name=f"awa-{svc.name}"))
-        for name, d in self.dispatchers.items():
-            self._loops.append(asyncio.create_task(d.run(self._stop_claiming),
-                                                   name=f"awa-dispatch-{name}"))
+        self._dispatch_loops = [
+            asyncio.create_task(d.run(self._stop_claiming), name=f"awa-dispatch-{name}")
+            for name, d in self.dispatchers.items()]
 
     async def shutdown(self, timeout: float) -> None:
         """Stop claiming, let handlers finish up to ``timeout`` s, then abandon the rest."""
@@ -231,6 +233,8 @@ class Runtime:
         self._stop_claiming.set()
         for d in self.dispatchers.values():
             d.wake()
+        # Claims in flight land first; jobs claimed ahead go back to the queue.
+        await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         if self._job_tasks:
             _, pending = await asyncio.wait(set(self._job_tasks), timeout=timeout)
             for task in pending:
@@ -280,6 +284,7 @@ class Runtime:
         if ctx is not None:
             self._attempts[job.id] = _Attempt(job.run_lease, ctx, job.queue)
             self.followups.emit("started", job)
+            started = time.perf_counter()
             try:
                 outcome = await self._executor.run(job, ctx)
             except asyncio.CancelledError:
@@ -289,6 +294,7 @@ class Runtime:
                 self._attempts.pop(job.id, None)
                 self._release(job.queue)
                 raise
+            self.dispatchers[job.queue].ran(time.perf_counter() - started)
         self._release(job.queue)
         assert outcome is not None
         try:
@@ -335,14 +341,17 @@ class Runtime:
         self.capacity.release(queue)
         if self.config.weighted:
             for d in self.dispatchers.values():
-                d.wake()
+                d.slot_freed()
         else:
-            self.dispatchers[queue].wake()
+            self.dispatchers[queue].slot_freed()
 
     def _live_attempts(self) -> list[tuple[int, int, JobContext | None]]:
-        """Attempts to heartbeat: running handlers, and completions not yet written."""
+        """Attempts to heartbeat: running handlers, jobs claimed ahead, and
+        completions not yet written."""
         live: list[tuple[int, int, JobContext | None]] = [
             (job_id, a.lease, a.ctx) for job_id, a in self._attempts.items()]
+        live.extend((job.id, job.run_lease, None)
+                    for d in self.dispatchers.values() for job in d.ready)
         live.extend((job_id, lease, None) for job_id, lease in self.completer.pending().items()
                     if job_id not in self._attempts)
         return live
@@ -351,6 +360,10 @@ class Runtime:
         attempt = self._attempts.get(job_id)
         if attempt is not None:
             attempt.ctx._cancel()
+            return
+        for d in self.dispatchers.values():
+            if d.forget(job_id):
+                return
 
     def running_context(self, job_id: int) -> JobContext | None:
         attempt = self._attempts.get(job_id)

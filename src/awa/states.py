@@ -94,6 +94,16 @@ LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
 #: free before claiming, so claims come in batches of at least a quarter of
 #: the queue's slots instead of one or two jobs per round trip.
 CLAIM_COALESCE = timedelta(milliseconds=1)
+#: A queue whose handlers average at most this long claims one batch ahead of
+#: its free slots: the next claim's round trip overlaps the running batch
+#: instead of following it. A job claimed ahead waits about one handler run
+#: for its slot, so slower handlers never claim ahead (work would sit here
+#: that another worker could be running).
+CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
+#: The claim is planned once and reused (planning cost as much as running it),
+#: but never for longer than this: a plan is only as good as the table size it
+#: was made for, and one made on an empty table scans a big backlog whole.
+CLAIM_PLAN_LIFETIME = timedelta(seconds=2)
 #: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
 VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
 CALLBACK_TIMEOUT = timedelta(seconds=3600)

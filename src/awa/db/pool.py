@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from awa.db import dsn
 from awa.db.queries import queries
+from awa.states import CLAIM_PLAN_LIFETIME
 
 #: A connection as Awa code receives it: direct, or borrowed from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -35,8 +36,16 @@ def _encode_jsonb(value: Any) -> bytes:
     return b"\x01" + _json_text(value)  # binary jsonb: a version byte, then the text
 
 
+_JSON = json.JSONDecoder()
+
+
 def _decode_jsonb(data: bytes) -> Any:
-    return json.loads(data[1:])
+    # Every claimed row carries two JSON columns; on the hot path this is a
+    # tenth of the worker's time with json.loads. The server's text is valid
+    # JSON, so the decoder reads it in place (after the version byte) as str.
+    if data == b"\x01{}":
+        return {}
+    return _JSON.raw_decode(data.decode(), 1)[0]
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
@@ -108,7 +117,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
                       command_timeout: float | None = None,
                       idle_in_transaction_timeout: float | None = None,
-                      hot_path: bool = False) -> asyncpg.Pool:
+                      plans: Literal["custom", "reused"] | None = None) -> asyncpg.Pool:
     """A pool whose connections all carry Awa's codecs, fit for a pooler when
     one is declared or detected.
 
@@ -118,26 +127,37 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     connection, ``idle_in_transaction_timeout`` lets the server end a session
     whose client vanished mid-transaction (a half-open connection would
     otherwise hold its row locks for ever); behind a pooler, the pooler's own
-    ``idle_transaction_timeout`` does that job. ``hot_path`` (the
-    runtime's pools, direct connections only) plans every statement afresh
-    and never JIT-compiles: PostgreSQL otherwise settles on a generic claim
-    plan after five runs, and one made while awa.jobs was empty went on
-    scanning the table once a backlog built up (1.3 s per claim at 300,000
-    jobs, measured); a claim planned against a big backlog could also cross
+    ``idle_transaction_timeout`` does that job.
+
+    ``plans`` (the runtime's pools, direct connections only; JIT is off for
+    both) chooses how statements are planned. PostgreSQL's default settles on
+    a generic plan after five runs and keeps it: one made while awa.jobs was
+    empty went on scanning the table once a backlog built up (1.3 s per claim
+    at 300,000 jobs, measured). ``"custom"`` plans every run afresh.
+    ``"reused"`` (the claim pool) plans once per `CLAIM_PLAN_LIFETIME`: each
+    statement is dropped from the cache and prepared again after that long,
+    so a plan never outlives the table size it was made for by more than a
+    moment, while the claims in between skip planning (half their server time).
+    JIT is off because a claim planned against a big backlog could cross
     ``jit_above_cost`` and compile for most of a second.
     """
     pooled = await behind_pooler(database_url)
     settings = {"application_name": application_name}
+    options = driver_options(pooled)
     if idle_in_transaction_timeout is not None and not pooled:
         settings["idle_in_transaction_session_timeout"] = \
             f"{round(idle_in_transaction_timeout * 1000)}ms"
-    if hot_path and not pooled:
-        settings["plan_cache_mode"] = "force_custom_plan"
+    if plans is not None and not pooled:
         settings["jit"] = "off"
+        if plans == "custom":
+            settings["plan_cache_mode"] = "force_custom_plan"
+        else:
+            settings["plan_cache_mode"] = "force_generic_plan"
+            options["max_cached_statement_lifetime"] = \
+                CLAIM_PLAN_LIFETIME.total_seconds()
     pool = await asyncpg.create_pool(
         dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
         init=init_connection, server_settings=settings,
-        connection_class=AwaConnection, command_timeout=command_timeout,
-        **driver_options(pooled))
+        connection_class=AwaConnection, command_timeout=command_timeout, **options)
     assert pool is not None
     return pool

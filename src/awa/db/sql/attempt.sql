@@ -49,6 +49,19 @@ SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
 FROM picked WHERE j.id = picked.id
 RETURNING j.*
 
+-- name: attempt_unclaim
+-- Jobs claimed ahead that never started (the worker is stopping): available
+-- again in their old place, their attempt not counted, other workers woken.
+WITH back AS (
+    UPDATE awa.jobs j
+    SET state = 'available', attempt = greatest(j.attempt - 1, 0),
+        heartbeat_at = NULL, deadline_at = NULL
+    FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
+    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state = 'running'
+    RETURNING j.queue
+)
+SELECT count(*) AS n, pg_notify('awa_jobs', queue) FROM back GROUP BY queue
+
 -- name: attempt_heartbeat
 -- One row per attempt still owned (a missing one was rescued or cancelled);
 -- written = false when its row was locked by another statement (usually the
