@@ -50,6 +50,7 @@ class Completer:
     def __init__(self, pool: asyncpg.Pool, q: Queries, *, completed_retention: timedelta,
                  failed_retention: timedelta, max_batch: int = 512) -> None:
         self._pool = pool
+        self._batch_pool = pool
         self._q = q
         self._completed_retention = completed_retention
         self._failed_retention = failed_retention
@@ -69,9 +70,12 @@ class Completer:
         self._counts_task: asyncio.Task[None] | None = None
         self._notify_task: asyncio.Task[None] | None = None
 
-    def use_pool(self, pool: asyncpg.Pool) -> None:
-        """Write through ``pool`` from now on (the runtime's own pool)."""
+    def use_pool(self, pool: asyncpg.Pool, batch_pool: asyncpg.Pool | None = None) -> None:
+        """Write through ``pool`` from now on (the runtime's own pool), and plain
+        completion batches through ``batch_pool`` (the claim pool, whose plans are
+        reused: planning cost as much as the batch itself) when given."""
         self._pool = pool
+        self._batch_pool = batch_pool or pool
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._flusher(), name="awa-completer")
@@ -186,7 +190,7 @@ class Completer:
                     if with_followups:
                         rows = await self._flush_with_followups(batch, ids, leases, outputs)
                     else:
-                        rows = await self._pool.fetch(
+                        rows = await self._batch_pool.fetch(
                             self._q["attempt_complete_batch"], ids, leases, outputs,
                             self._completed_retention)
                 done = {r["id"] for r in rows}

@@ -51,6 +51,8 @@ from awa.web.health import HealthServer
 log = logging.getLogger("awa.runtime")
 #: Connections of the runtime's own pool (completions, heartbeats, maintenance).
 RUNTIME_POOL_SIZE = 6
+#: Connections of the claim pool (claims, one per queue at a time, and completion batches).
+CLAIM_POOL_SIZE = 3
 #: How long a LISTEN connection behind a pooler waits for its probe NOTIFY.
 LISTEN_PROBE_TIMEOUT = 3.0
 
@@ -196,14 +198,15 @@ class Runtime:
                                      idle_in_transaction_timeout=timeout, plans=plans)
 
         # Claims go through their own small pool, so they never queue behind
-        # outcomes; they commit asynchronously (see attempt_claim).
-        self._claim_pool = await own_pool("awa-claim", 2, "reused")
+        # outcomes; they commit asynchronously (see attempt_claim). Plain
+        # completion batches share it: both reuse their plans (see create_pool).
+        self._claim_pool = await own_pool("awa-claim", CLAIM_POOL_SIZE, "reused")
         # The runtime's own statements (completions, heartbeats, maintenance) use
         # a small pool of their own: a handler that holds every client
         # connection cannot starve heartbeats, and a half-open connection fails
         # its statement instead of hanging the worker.
         self._runtime_pool = await own_pool("awa-runtime", RUNTIME_POOL_SIZE, "custom")
-        self.completer.use_pool(self._runtime_pool)
+        self.completer.use_pool(self._runtime_pool, batch_pool=self._claim_pool)
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:
             svc.use_pool(self._runtime_pool)
