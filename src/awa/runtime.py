@@ -237,7 +237,11 @@ class Runtime:
         for d in self.dispatchers.values():
             d.wake()
         # Claims in flight land first; jobs claimed ahead go back to the queue.
-        await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
+        if self._dispatch_loops:
+            _, stuck = await asyncio.wait(self._dispatch_loops, timeout=max(timeout, 1.0))
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         if self._job_tasks:
             _, pending = await asyncio.wait(set(self._job_tasks), timeout=timeout)
             for task in pending:
