@@ -381,6 +381,7 @@ def summarize(ph: dict) -> dict:
         "max_ms": ph["worker"].get("max_ms"),
         "first_jobs_per_s": _mean(s["jobs_per_s"] for s in first),
         "last_jobs_per_s": _mean(s["jobs_per_s"] for s in last),
+        "window_p99_ms": _median(s["p99_ms"] for s in warm),
         "first_p99_ms": _median(s["p99_ms"] for s in first),
         "last_p99_ms": _median(s["p99_ms"] for s in last),
         "wal_per_job": wal / jobs if jobs else None,
@@ -424,6 +425,12 @@ def checks(fresh: dict, soak: dict) -> list[dict]:
     add("throughput, soak ÷ fresh", r, "0.90–1.10", r is not None and abs(r - 1) <= 0.10)
     r = s["p99_ms"] / f["p99_ms"] if f["p99_ms"] and s["p99_ms"] else None
     add("pickup p99, soak ÷ fresh", r, "≤ 1.10", r is not None and r <= 1.10)
+    # The same, robust to a few slow windows (this machine is shared): the
+    # typical 5-second window's p99 of each run.
+    r = (s["window_p99_ms"] / f["window_p99_ms"]
+         if f.get("window_p99_ms") and s.get("window_p99_ms") else None)
+    add("pickup p99 (median of windows), soak ÷ fresh", r, "≤ 1.10",
+        r is not None and r <= 1.10)
     add("soak throughput, last third ÷ first third",
         s["last_jobs_per_s"] / s["first_jobs_per_s"] if s["first_jobs_per_s"] else None,
         "0.90–1.10", _within(s["last_jobs_per_s"], s["first_jobs_per_s"], 0.10))
@@ -529,10 +536,11 @@ def markdown(report: dict) -> str:
          "| | fresh | soak |", "|---|---:|---:|"]
     rows = [("completed jobs/s (mean of windows)", "jobs_per_s"),
             ("pickup p50, ms", "p50_ms"), ("pickup p99, ms", "p99_ms"),
+            ("pickup p99 of the median 5-s window, ms", "window_p99_ms"),
             ("pickup max, ms", "max_ms"), ("WAL bytes / job", "wal_per_job"),
             ("awa.jobs dead tuples, max", "jobs_dead_max_second_half"),
             ("awa.jobs size, max bytes (2nd half)", "jobs_bytes_max_second_half"),
-            ("awa.jobs vacuums by the cleaner", "jobs_vacuums"),
+            ("awa.jobs vacuums by the leader", "jobs_vacuums"),
             ("jobs_done size at the end, bytes", "done_bytes_last"),
             ("jobs_done partitions dropped", "partitions_dropped"),
             ("largest backlog in awa.jobs", "backlog_max"),
