@@ -188,7 +188,8 @@ class Runtime:
         telemetry.detect()
         # Both of the runtime's own pools give up on a statement after
         # RUNTIME_STATEMENT_TIMEOUT, end a session left idle in a transaction
-        # (a half-open client), and plan afresh without JIT (see create_pool).
+        # (a half-open client), and never JIT; the claim pool reuses plans for
+        # a moment, the runtime pool plans afresh (see create_pool).
         timeout = states.RUNTIME_STATEMENT_TIMEOUT.total_seconds()
 
         async def own_pool(name: str, size: int,
