@@ -78,6 +78,7 @@ SELECT date_trunc('hour', now() + $1::interval, 'UTC') AS first,
 SELECT awa.ensure_done_partitions($1, $1)
 
 -- name: done_partitions_drop
+-- Drops one expired partition and returns its row count; NULL when none is left.
 SELECT awa.drop_done_partitions(now())
 
 -- name: done_default_prune
