@@ -245,6 +245,18 @@ def seed_history(conn, n: int, chunk: int = 500_000) -> dict:
             "vacuum_seconds": time.monotonic() - t0 - t_ins}
 
 
+def host_cpu() -> tuple[int, int, int]:
+    """(busy, steal, total) jiffies of the whole machine (Linux /proc/stat; zeros elsewhere):
+    per window, how busy the 2 cores were and how much the hypervisor took."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0, 0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return user + nice + system + irq + softirq, steal, sum(v)
+
+
 def sample_db(conn) -> dict:
     row = conn.execute(SAMPLE_SQL).fetchone()
     return dict(zip(SAMPLE_KEYS, row, strict=True))
@@ -283,6 +295,7 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
                           "--duration", str(duration), "--seq0", "0")
         spawned.append(prod)
         t0 = time.time()
+        cpu_prev = host_cpu()
         print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
               f"{sample_s:g}s", flush=True)
         samples, dropped = [], []
@@ -299,6 +312,11 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
             worker.send("sample-warm" if warm else "sample")
             w = worker.wait_event("sample", 30)
             d = sample_db(conn)
+            cpu = host_cpu()
+            span = (cpu[2] - cpu_prev[2]) or 1
+            d["host_busy_pct"] = 100.0 * (cpu[0] - cpu_prev[0]) / span
+            d["host_steal_pct"] = 100.0 * (cpu[1] - cpu_prev[1]) / span
+            cpu_prev = cpu
             wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
                                (d["_lsn"], lsn_prev)).fetchone()[0]
             parts = set(d.pop("_parts") or [])
@@ -323,7 +341,8 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
                   f"{tools.fmt(s['p50_ms'])} p99 {tools.fmt(s['p99_ms'])} ms  dead "
                   f"{s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} MiB  done "
                   f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
-                  f"{s['expired_partitions']} expired)"
+                  f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% "
+                  f"steal {s['host_steal_pct']:.1f}%"
                   + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
                      if s["oldest_xact_s"] > 10 else ""), flush=True)
             k += 1
@@ -396,6 +415,8 @@ def summarize(ph: dict) -> dict:
         "expired_partitions_last": ss[-1]["expired_partitions"] if ss else None,
         "default_rows_max": peak_of("default_rows", ss),
         "backlog_max": peak_of("backlog", ss),
+        "host_busy_pct_mean": _mean(s.get("host_busy_pct", 0.0) for s in warm),
+        "host_steal_pct_max": peak_of("host_steal_pct", ss),
         "jobs_vacuums": (ss[-1]["jobs_vacuums"] - ss[0]["jobs_vacuums"]) if ss else None,
         "partitions_dropped": len(ph["dropped_partitions"]),
         "producer_max_behind_s": ph["producer"].get("max_behind_s"),
@@ -544,6 +565,8 @@ def markdown(report: dict) -> str:
             ("jobs_done size at the end, bytes", "done_bytes_last"),
             ("jobs_done partitions dropped", "partitions_dropped"),
             ("largest backlog in awa.jobs", "backlog_max"),
+            ("machine CPU busy, % of both cores (mean of windows)", "host_busy_pct_mean"),
+            ("CPU stolen by the hypervisor, % (worst window)", "host_steal_pct_max"),
             ("producer, most seconds behind schedule", "producer_max_behind_s")]
     for label, key in rows:
         L.append(f"| {label} | {fmt(fs.get(key))} | {fmt(ss.get(key))} |")
