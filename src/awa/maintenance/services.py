@@ -119,20 +119,20 @@ class Cleaner(PeriodicService):
                 if dropped is None:
                     break
                 self.pruned += int(dropped)
-            while True:
-                status = await conn.execute(q["done_default_prune"], self._batch)
-                n = int(status.rsplit(" ", 1)[-1])
-                self.pruned += n
-                if n < self._batch:
-                    break
+            await self._delete_in_batches(conn, "done_default_prune")
             await conn.execute(q["throughput_prune"])
             await conn.execute(q["callback_rules_prune"])
-            while True:
-                status = await conn.execute(q["dlq_prune"], self._dlq_retention, self._batch)
-                n = int(status.rsplit(" ", 1)[-1])
-                self.pruned += n
-                if n < self._batch:
-                    break
+            await self._delete_in_batches(conn, "dlq_prune", self._dlq_retention)
+
+    async def _delete_in_batches(self, conn: Any, statement: str, *args: Any) -> None:
+        """Run a delete of at most ``batch_size`` rows (its last parameter) until
+        one deletes fewer, counting what it pruned."""
+        while True:
+            status = await conn.execute(self._q[statement], *args, self._batch)
+            n = int(status.rsplit(" ", 1)[-1])
+            self.pruned += n
+            if n < self._batch:
+                break
 
 
 class Vacuumer(PeriodicService):
