@@ -15,7 +15,7 @@ import asyncpg
 
 from awa import producer, states
 from awa.db.errors import translated
-from awa.db.queries import Queries
+from awa.db.queries import Queries, rows_affected
 from awa.errors import JobNotFound, ValidationError
 from awa.model import Job, QueueStat, RetryFailedResult
 from awa.states import JobState
@@ -124,7 +124,7 @@ async def drain_queue(db: Executor, q: Queries, queue: str, *,
     producer.check_name("queue", queue)
     with translated():
         status = await db.execute(q["queue_drain"], queue, retention)
-    return int(status.rsplit(" ", 1)[-1])
+    return rows_affected(status)
 
 
 async def queue_stats(db: Executor, q: Queries) -> list[QueueStat]:
@@ -158,7 +158,7 @@ async def discard_failed(db: Executor, q: Queries, kind: str) -> int:
     producer.check_name("kind", kind)
     with translated():
         status = await db.execute(q["job_discard_failed"], kind)
-    return int(status.rsplit(" ", 1)[-1])
+    return rows_affected(status)
 
 
 async def dump_run(db: Executor, q: Queries, job_id: int, attempt: int | None = None) -> str:

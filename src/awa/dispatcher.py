@@ -90,10 +90,13 @@ class Dispatcher:
     def _start_ready(self) -> None:
         """Start jobs claimed ahead while slots are free."""
         name = self.cfg.name
-        stopping = self._stopping is not None and self._stopping.is_set()
-        while self.ready and not stopping and self._capacity.free(name) > 0:
+        while self.ready and not self._stopped() and self._capacity.free(name) > 0:
             self._capacity.acquire(name)
             self._launch(self.ready.popleft())
+
+    def _stopped(self) -> bool:
+        """The worker is stopping: start nothing more, claim nothing more."""
+        return self._stopping is not None and self._stopping.is_set()
 
     def _ahead(self) -> int:
         """How many jobs to claim beyond the free slots."""
@@ -123,15 +126,15 @@ class Dispatcher:
         """Loop until ``stopping`` is set, then hand back jobs claimed ahead."""
         self._stopping = stopping
         try:
-            await self._loop(stopping)
+            await self._loop()
         finally:
             await self._unclaim()
 
-    async def _loop(self, stopping: asyncio.Event) -> None:
+    async def _loop(self) -> None:
         name = self.cfg.name
         coalesced = False
         aging = self.cfg.priority_aging_interval.total_seconds()
-        while not stopping.is_set():
+        while not self._stopped():
             deadline = self.cfg.deadline.total_seconds()  # re-read: overrides change it
             self.last_loop_at = time.monotonic()
             self._start_ready()

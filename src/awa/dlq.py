@@ -17,7 +17,7 @@ import asyncpg
 from awa import producer
 from awa.db.errors import translated
 from awa.db.pool import Conn
-from awa.db.queries import Queries
+from awa.db.queries import Queries, rows_affected
 from awa.errors import ValidationError
 from awa.model import Job
 
@@ -162,4 +162,4 @@ async def purge_dlq(db: Executor, q: Queries, *, kind: str | None = None,
                                   _opt_name("queue", queue), _opt_text("tag", tag),
                                   _opt_id("before_id", before_id),
                                   _opt_time("before_dlq_at", before_dlq_at))
-    return int(status.rsplit(" ", 1)[-1])
+    return rows_affected(status)

@@ -13,7 +13,7 @@ from typing import Any, Unpack
 from awa import producer
 from awa.db.errors import translated
 from awa.db.pool import Conn
-from awa.db.queries import Queries
+from awa.db.queries import Queries, rows_affected
 from awa.errors import AwaError
 from awa.model import Job
 from awa.options import InsertOptions
@@ -44,8 +44,7 @@ class Transaction:
         """Run a statement; returns the number of rows it affected."""
         with translated():
             status = await self._conn.execute(sql, *args)
-        tail = status.rsplit(" ", 1)[-1]
-        return int(tail) if tail.isdigit() else 0
+        return rows_affected(status)
 
     async def fetch_one(self, sql: str, *args: Any) -> dict[str, Any]:
         """The first row as a dict; raises `AwaError` if there is none."""

@@ -65,6 +65,12 @@ class Queries:
         return sorted(self._bound)
 
 
+def rows_affected(status: str) -> int:
+    """The row count in a command status such as ``DELETE 3`` (0 when it has none)."""
+    tail = status.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 @cache
 def queries(schema: str = DEFAULT_SCHEMA) -> Queries:
     """The shared `Queries` for ``schema``."""

@@ -11,7 +11,7 @@ import asyncpg
 
 from awa import telemetry
 from awa.context import JobContext
-from awa.db.queries import Queries
+from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService
 
 log = logging.getLogger("awa.maintenance")
@@ -129,7 +129,7 @@ class Cleaner(PeriodicService):
         one deletes fewer, counting what it pruned."""
         while True:
             status = await conn.execute(self._q[statement], *args, self._batch)
-            n = int(status.rsplit(" ", 1)[-1])
+            n = rows_affected(status)
             self.pruned += n
             if n < self._batch:
                 break
