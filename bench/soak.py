@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -71,6 +72,24 @@ async def role_worker(a) -> None:
         buf["w"].append(time.time() - job.args.sent_at)
         buf["n"] += 1
 
+    # Attribution of slow windows: how long the event loop went without running
+    # (CPU starvation, a long synchronous stretch) and the longest garbage collection.
+    stall = {"lag": 0.0, "gc": 0.0, "gc_t0": 0.0}
+
+    def on_gc(phase: str, _info: dict) -> None:
+        if phase == "start":
+            stall["gc_t0"] = time.perf_counter()
+        else:
+            stall["gc"] = max(stall["gc"], time.perf_counter() - stall["gc_t0"])
+
+    gc.callbacks.append(on_gc)
+
+    async def loop_lag() -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            stall["lag"] = max(stall["lag"], time.perf_counter() - t - 0.01)
+
     benchkit.emit({"event": "ready", "pid": os.getpid()})
     if await stdin.expect("go") != "go":
         return
@@ -87,6 +106,7 @@ async def role_worker(a) -> None:
             await asyncio.sleep(0.1)
 
     ptask = asyncio.create_task(progress())
+    lag_task = asyncio.create_task(loop_lag())
     while True:
         w = await stdin.expect("sample", "sample-warm", "stop")
         if w not in ("sample", "sample-warm"):
@@ -98,8 +118,11 @@ async def role_worker(a) -> None:
         benchkit.emit({"event": "sample", "t": time.time(), "handled": buf["n"],
                        "n": len(win), "cpu": benchkit.cpu_self() - c0,
                        "p50_ms": _q(win, 0.50), "p99_ms": _q(win, 0.99),
-                       "max_ms": win[-1] * 1000 if win else None})
+                       "max_ms": win[-1] * 1000 if win else None,
+                       "loop_lag_ms": stall["lag"] * 1000, "gc_ms": stall["gc"] * 1000})
+        stall["lag"] = stall["gc"] = 0.0
     ptask.cancel()
+    lag_task.cancel()
     await client.shutdown(timeout_ms=5000)
     lat = sorted(warm)
     benchkit.emit({"event": "result", "handled": buf["n"], "warm_n": len(lat),
@@ -262,6 +285,19 @@ def sample_db(conn) -> dict:
     return dict(zip(SAMPLE_KEYS, row, strict=True))
 
 
+def checkpoint_totals(conn) -> tuple[int, float, float]:
+    """(checkpoints, write ms, sync ms) since the server's statistics were reset:
+    PostgreSQL 17 moved them from pg_stat_bgwriter to pg_stat_checkpointer."""
+    if conn.info.server_version >= 170000:
+        sql = ("SELECT num_timed + num_requested, write_time, sync_time "
+               "FROM pg_stat_checkpointer")
+    else:
+        sql = ("SELECT checkpoints_timed + checkpoints_req, checkpoint_write_time, "
+               "checkpoint_sync_time FROM pg_stat_bgwriter")
+    n, write_ms, sync_ms = conn.execute(sql).fetchone()
+    return int(n), float(write_ms), float(sync_ms)
+
+
 def run_phase(tools, drv, admin, name: str, rate: float, minutes: float, sample_s: float,
               history: int) -> dict:
     tools.bench.fresh_db(drv, admin, DB)
@@ -296,6 +332,7 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
         spawned.append(prod)
         t0 = time.time()
         cpu_prev = host_cpu()
+        ckpt_prev = checkpoint_totals(conn)
         print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
               f"{sample_s:g}s", flush=True)
         samples, dropped = [], []
@@ -317,6 +354,11 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
             d["host_busy_pct"] = 100.0 * (cpu[0] - cpu_prev[0]) / span
             d["host_steal_pct"] = 100.0 * (cpu[1] - cpu_prev[1]) / span
             cpu_prev = cpu
+            ckpt = checkpoint_totals(conn)
+            d["checkpoints"] = ckpt[0] - ckpt_prev[0]  # finished in this window
+            d["checkpoint_sync_ms"] = ckpt[2] - ckpt_prev[2]
+            ckpt_prev = ckpt
+            d["loop_lag_ms"], d["gc_ms"] = w.get("loop_lag_ms"), w.get("gc_ms")
             wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
                                (d["_lsn"], lsn_prev)).fetchone()[0]
             parts = set(d.pop("_parts") or [])
@@ -342,7 +384,8 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
                   f"{s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} MiB  done "
                   f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
                   f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% "
-                  f"steal {s['host_steal_pct']:.1f}%"
+                  f"steal {s['host_steal_pct']:.1f}%  lag {tools.fmt(s['loop_lag_ms'])} ms"
+                  + (" ckpt" if s["checkpoints"] else "")
                   + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
                      if s["oldest_xact_s"] > 10 else ""), flush=True)
             k += 1
@@ -359,6 +402,7 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
             "SELECT count(*), count(DISTINCT args->>'seq') FROM awa.jobs_done "
             "WHERE id > %s AND state = 'completed'", (history,)).fetchone()
     out = {"name": name, "rate": rate, "minutes": minutes, "history": history,
+           "sample_s": sample_s,
            "seeded": seeded, "warmup_s": warmup, "producer": produced, "worker": res,
            "samples": samples, "dropped_partitions": dropped,
            "verify": {"produced": produced["n"], "handled": res["handled"],
@@ -424,7 +468,48 @@ def summarize(ph: dict) -> dict:
         "horizon_lag_xids_max": peak_of("horizon_lag_xids", ss),
         "oldest_xact_db": max(ss, key=lambda s: s["oldest_xact_s"])["oldest_xact_db"]
         if ss else None,
+        "checkpoints": sum(s.get("checkpoints", 0) for s in warm),
+        "loop_lag_ms_max": peak_of("loop_lag_ms", warm) if warm and "loop_lag_ms" in warm[0]
+        else None,
+        "slow_windows": slow_windows(ph),
     }
+
+
+SLOW_WINDOW_MS = 200.0  # a window whose p99 is above this and 4x the median window's
+STEAL_PCT = 5.0  # hypervisor steal that counts as "the machine was taken away"
+LOOP_STALL_MS = 100.0  # the worker's event loop did not run for this long
+
+
+def slow_windows(ph: dict) -> list[dict]:
+    """Warm windows with a p99 far above the typical one, each with what coincided
+    with it in that window or the one before (a stall shows up as the backlog it
+    leaves): hypervisor steal, a checkpoint finishing, the worker's loop stalling,
+    a partition drop."""
+    ss = ph["samples"]
+    typical = _median(s["p99_ms"] for s in ss if s["warm"]) or 0.0
+    bar = max(SLOW_WINDOW_MS, 4 * typical)
+    drops = [d["t"] for d in ph["dropped_partitions"]]
+    out = []
+    for i, s in enumerate(ss):
+        if not s["warm"] or (s["p99_ms"] or 0) <= bar:
+            continue
+        both = ss[max(0, i - 1):i + 1]
+        out.append({
+            "t": s["t"], "p99_ms": s["p99_ms"], "backlog": s["backlog"],
+            "steal_pct": max(x.get("host_steal_pct", 0.0) for x in both),
+            "busy_pct": s.get("host_busy_pct"),
+            "checkpoint": any(x.get("checkpoints") for x in both),
+            "loop_lag_ms": max((x.get("loop_lag_ms") or 0.0) for x in both),
+            "gc_ms": max((x.get("gc_ms") or 0.0) for x in both),
+            "partition_drop": any(both[0]["t"] - ph["sample_s"] <= t <= s["t"]
+                                  for t in drops),
+        })
+    for w in out:
+        w["causes"] = [name for name, hit in (
+            ("steal", w["steal_pct"] >= STEAL_PCT), ("checkpoint", w["checkpoint"]),
+            ("worker stalled", w["loop_lag_ms"] >= LOOP_STALL_MS),
+            ("partition drop", w["partition_drop"])) if hit]
+    return out
 
 
 def _within(a, b, tol):
@@ -567,7 +652,9 @@ def markdown(report: dict) -> str:
             ("largest backlog in awa.jobs", "backlog_max"),
             ("machine CPU busy, % of both cores (mean of windows)", "host_busy_pct_mean"),
             ("CPU stolen by the hypervisor, % (worst window)", "host_steal_pct_max"),
-            ("producer, most seconds behind schedule", "producer_max_behind_s")]
+            ("producer, most seconds behind schedule", "producer_max_behind_s"),
+            ("checkpoints finished", "checkpoints"),
+            ("worker event loop, longest stall, ms", "loop_lag_ms_max")]
     for label, key in rows:
         L.append(f"| {label} | {fmt(fs.get(key))} | {fmt(ss.get(key))} |")
     L += ["", "| check | value | target | |", "|---|---:|---|---|"]
@@ -576,6 +663,7 @@ def markdown(report: dict) -> str:
         v = fmt(v) if isinstance(v, int | float) else (v if v is not None else "–")
         L.append(f"| {c['check']} | {v} | {c['target']} | {'✓' if c['ok'] else '✗'} |")
     L += [""] + [f"![{p}]({p})" for p in report["plots"]] + [""]
+    L += slow_window_lines(fr, so, fmt)
     L.append(f"The worker runs with Awa's defaults (cleanup every 60 s, so the first pruning "
              f"pass comes up to a minute after start; completed retention 24 h). "
              f"Oldest transaction holding an XID on the server during the soak: "
@@ -595,6 +683,30 @@ def markdown(report: dict) -> str:
     return "\n".join(L)
 
 
+def slow_window_lines(fr: dict, so: dict, fmt) -> list[str]:
+    """What coincided with each slow window of both runs, and the tally."""
+    L = [f"Slow windows (warm, p99 above {SLOW_WINDOW_MS:.0f} ms and 4x the median "
+         f"window's), with what happened in that window or the one before: steal ≥ "
+         f"{STEAL_PCT:g}%, a checkpoint finishing, the worker's event loop stalled ≥ "
+         f"{LOOP_STALL_MS:.0f} ms, a partition drop.", ""]
+    for ph in (fr, so):
+        ws = ph["summary"]["slow_windows"]
+        n_warm = sum(1 for s in ph["samples"] if s["warm"])
+        tally = {c: sum(c in w["causes"] for w in ws)
+                 for c in ("steal", "checkpoint", "worker stalled", "partition drop")}
+        L.append(f"- {ph['name']}: {len(ws)} of {n_warm} windows; "
+                 + ", ".join(f"{c} {k}" for c, k in tally.items())
+                 + f", none of these {sum(1 for w in ws if not w['causes'])}.")
+    L += ["", "| run | t, s | p99, ms | backlog | steal % | loop stall, ms | GC, ms | "
+          "coincided with |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for ph in (fr, so):
+        for w in ph["summary"]["slow_windows"]:
+            L.append(f"| {ph['name']} | {w['t']:.0f} | {fmt(w['p99_ms'])} | "
+                     f"{fmt(w['backlog'])} | {w['steal_pct']:.1f} | {fmt(w['loop_lag_ms'])} | "
+                     f"{fmt(w['gc_ms'])} | {', '.join(w['causes']) or '–'} |")
+    return [*L, ""]
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="soak duration (30)")
@@ -604,7 +716,7 @@ def parse(argv):
     p.add_argument("--rate", type=float, default=None, help="offered jobs/s (overrides)")
     p.add_argument("--peak-jobs", type=int, default=20_000, help="jobs drained to find peak")
     p.add_argument("--baseline-minutes", type=float, default=None,
-                   help="fresh-database run (default min(3, --minutes))")
+                   help="fresh-database run (default: as long as the soak)")
     p.add_argument("--sample-seconds", type=float, default=None, help="(5; 2 under 2 min)")
     p.add_argument("--role", choices=["worker", "produce"], help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
@@ -636,7 +748,9 @@ def main() -> None:
     env = tools.environment(admin)
     print(tools.env_line(env), flush=True)
     drv = tools.awa_driver(args, DB, logs)
-    baseline_min = args.baseline_minutes or min(3.0, args.minutes)
+    # As long as the soak: both runs then meet the same rare events (checkpoints,
+    # a busy neighbour), and their whole-run p99s compare like for like.
+    baseline_min = args.baseline_minutes or args.minutes
     sample_s = args.sample_seconds or (5.0 if min(args.minutes, baseline_min) >= 2 else 2.0)
     try:
         if args.peak:
