@@ -315,6 +315,9 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
 
     seeded = None
     with psycopg.connect(drv.url, autocommit=True) as conn:
+        # The sampler's counts stay on one core: a parallel scan every window
+        # would take both of this machine's cores from the system under test.
+        conn.execute("SET max_parallel_workers_per_gather = 0")
         if history:
             print(f"[{name}] seeding {history:,} finished jobs of history ...", flush=True)
             seeded = seed_history(conn, history)

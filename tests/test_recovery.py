@@ -288,6 +288,29 @@ async def test_cleanup_creates_only_the_partitions_finished_jobs_land_in(
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done_default") == 0
 
 
+async def test_a_new_workers_first_completions_land_in_their_hours_partition(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Every worker makes the partitions finished jobs land in before it claims,
+    leader or not: completions that came before the leader's first cleanup pass
+    went to the default partition, which kept that hour's partition from ever
+    being made (the soak's fresh database filled it for an hour)."""
+    @client.task(Sleepy)
+    async def handle(job: awa.JobContext) -> None:
+        await asyncio.sleep(job.args.seconds)
+
+    job = await client.insert(Sleepy(0), queue="other")
+    # No periodic cleanup pass within the test: only the start-up one counts.
+    await client.start([("other", 1)], **{**FAST, "cleanup_interval_ms": 3_600_000})
+
+    async def finished() -> bool:
+        return await _state(client, job.id) is awa.JobState.Completed
+    await wait_until(finished)
+    part, now = await conn.fetchrow(
+        "SELECT tableoid::regclass::text, now() FROM awa.jobs_done WHERE id = $1", job.id)
+    assert part == f"awa.jobs_done_p{(now + timedelta(hours=24)).astimezone(UTC):%Y%m%d%H}"
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done_default") == 0
+
+
 async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(
         client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
     """Expired jobs_done partitions are dropped one per transaction, each read

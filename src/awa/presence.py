@@ -50,6 +50,10 @@ class Presence(PeriodicService):
             await self._pool.execute(self._q["presence_prune"])
             await self._pool.execute(self._q["descriptor_prune"])
 
+    async def prepare(self) -> None:
+        """On the runtime page (and descriptors live) as soon as start() returns."""
+        await self.run_once()
+
     async def remove(self) -> None:
         """Say goodbye at shutdown, so the process leaves the runtime page at once."""
         await self._pool.execute(self._q["presence_remove"], self._instance_id)

@@ -220,10 +220,11 @@ class Runtime:
             await self.health_server.start()
         if self.config.listen:
             self._listen_task = asyncio.create_task(self._listen_loop(), name="awa-listen")
-        try:  # visible on the runtime page (and descriptors live) as soon as start() returns
-            await self.service("presence").run_once()
-        except Exception:
-            log.warning("could not record presence", exc_info=True)
+        for svc in self.services:  # presence, the jobs_done partitions (before claiming)
+            try:
+                await svc.prepare()
+            except Exception:  # each is retried by its periodic pass
+                log.warning("%s: could not prepare", svc.name, exc_info=True)
         for svc in self.services:
             self._loops.append(asyncio.create_task(svc.run(self._stop_services),
                                                    name=f"awa-{svc.name}"))

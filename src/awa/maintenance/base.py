@@ -35,6 +35,10 @@ class PeriodicService(ABC):
     async def run_once(self) -> None:
         """One pass of work."""
 
+    async def prepare(self) -> None:
+        """What this process needs done before it claims, leader or not (default: nothing)."""
+        return None
+
     def _sleep_for(self) -> float:
         return self.interval * random.uniform(0.9, 1.1)
 

@@ -93,20 +93,30 @@ class Cleaner(PeriodicService):
         self._batch = batch_size
         self.pruned = 0
 
+    async def prepare(self) -> None:
+        """The partitions the next finished jobs land in must exist before the first
+        completion: rows that land in the default partition keep their hour's
+        partition from ever being made, and each later creation scans them."""
+        async with self._pool.acquire() as conn:
+            await self._ensure_partitions(conn)
+
+    async def _ensure_partitions(self, conn: Any) -> None:
+        # Only the hours finished jobs will land in (now + each retention, over
+        # the next two passes), one statement (so one transaction) each:
+        # creating a partition locks awa.jobs_done, which every completion
+        # inserts into. Making all 73 hours up to now + 72 h in one go
+        # stalled completions for 8 s (bench/soak.py).
+        for retention in self._retentions:
+            hour, until = await conn.fetchrow(self._q["done_partitions_window"], retention,
+                                              self._lookahead)
+            while hour <= until:
+                await conn.execute(self._q["done_partitions_ensure"], hour)
+                hour += HOUR
+
     async def run_once(self) -> None:
         q = self._q
         async with self._pool.acquire() as conn:
-            # Only the hours finished jobs will land in (now + each retention, over
-            # the next two passes), one statement (so one transaction) each:
-            # creating a partition locks awa.jobs_done, which every completion
-            # inserts into. Making all 73 hours up to now + 72 h in one go
-            # stalled completions for 8 s (bench/soak.py).
-            for retention in self._retentions:
-                hour, until = await conn.fetchrow(q["done_partitions_window"], retention,
-                                                  self._lookahead)
-                while hour <= until:
-                    await conn.execute(q["done_partitions_ensure"], hour)
-                    hour += HOUR
+            await self._ensure_partitions(conn)
             # Expired partitions, one per transaction (each drop locks
             # awa.jobs_done); one whose lock is not granted within 200 ms is
             # left for the next pass (see migration 0007).
