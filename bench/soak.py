@@ -84,6 +84,18 @@ async def role_worker(a) -> None:
 
     gc.callbacks.append(on_gc)
 
+    # Claim round trips per window (slow claims show as fewer, slower ones).
+    from awa import telemetry as awa_telemetry
+    diag = {"claims": 0, "claim_max": 0.0}
+    real_claim_round = awa_telemetry.claim_round
+
+    def claim_round(queue: str, seconds: float) -> None:
+        diag["claims"] += 1
+        diag["claim_max"] = max(diag["claim_max"], seconds)
+        real_claim_round(queue, seconds)
+
+    awa_telemetry.claim_round = claim_round
+
     async def loop_lag() -> None:
         while True:
             t = time.perf_counter()
@@ -119,10 +131,13 @@ async def role_worker(a) -> None:
                        "n": len(win), "cpu": benchkit.cpu_self() - c0,
                        "p50_ms": _q(win, 0.50), "p99_ms": _q(win, 0.99),
                        "max_ms": win[-1] * 1000 if win else None,
-                       "loop_lag_ms": stall["lag"] * 1000, "gc_ms": stall["gc"] * 1000})
+                       "loop_lag_ms": stall["lag"] * 1000, "gc_ms": stall["gc"] * 1000,
+                       "claims": diag["claims"], "claim_max_ms": diag["claim_max"] * 1000})
         stall["lag"] = stall["gc"] = 0.0
+        diag["claims"], diag["claim_max"] = 0, 0.0
     ptask.cancel()
     lag_task.cancel()
+
     await client.shutdown(timeout_ms=5000)
     lat = sorted(warm)
     benchkit.emit({"event": "result", "handled": buf["n"], "warm_n": len(lat),
@@ -280,6 +295,44 @@ def host_cpu() -> tuple[int, int, int]:
     return user + nice + system + irq + softirq, steal, sum(v)
 
 
+class CommitProbe:
+    """A thread that commits a one-row transaction every 100 ms on its own
+    connection: its slowest commit per window shows a server-wide stall (a WAL
+    flush held up by the disk, a lock), whatever the worker was doing."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        import psycopg
+
+        self._conn = psycopg.connect(url, autocommit=True)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._max = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            self._conn.execute("SELECT pg_current_xact_id()")  # an XID, so a WAL flush
+            took = time.perf_counter() - t
+            with self._lock:
+                self._max = max(self._max, took)
+            self._stop.wait(max(0.0, 0.1 - took))
+
+    def take(self) -> float:
+        """The slowest commit since the last call, in ms."""
+        with self._lock:
+            out, self._max = self._max, 0.0
+        return out * 1000
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
+
+
 def sample_db(conn) -> dict:
     row = conn.execute(SAMPLE_SQL).fetchone()
     return dict(zip(SAMPLE_KEYS, row, strict=True))
@@ -306,7 +359,9 @@ def run_phase(tools, drv, admin, name: str, rate: float, minutes: float, sample_
         return _phase(tools, drv, name, rate, minutes, sample_s, history, spawned)
     finally:
         for p in spawned:  # our own children, by their handles (only if something failed)
-            if p.p.poll() is None:
+            if isinstance(p, CommitProbe):
+                p.close()
+            elif p.p.poll() is None:
                 p.p.kill()
 
 
@@ -335,6 +390,8 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
         spawned.append(prod)
         t0 = time.time()
         cpu_prev = host_cpu()
+        probe = CommitProbe(drv.url)
+        spawned.append(probe)
         ckpt_prev = checkpoint_totals(conn)
         print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
               f"{sample_s:g}s", flush=True)
@@ -362,6 +419,9 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
             d["checkpoint_sync_ms"] = ckpt[2] - ckpt_prev[2]
             ckpt_prev = ckpt
             d["loop_lag_ms"], d["gc_ms"] = w.get("loop_lag_ms"), w.get("gc_ms")
+            d["commit_max_ms"] = probe.take()
+            for key in ("claims", "claim_max_ms"):
+                d[key] = w.get(key)
             wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
                                (d["_lsn"], lsn_prev)).fetchone()[0]
             parts = set(d.pop("_parts") or [])
@@ -388,10 +448,14 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
                   f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
                   f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% "
                   f"steal {s['host_steal_pct']:.1f}%  lag {tools.fmt(s['loop_lag_ms'])} ms"
+                  + f"  commit {tools.fmt(s['commit_max_ms'])} ms  claims {s['claims']} "
+                  f"(slowest {tools.fmt(s['claim_max_ms'])} ms)"
                   + (" ckpt" if s["checkpoints"] else "")
                   + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
                      if s["oldest_xact_s"] > 10 else ""), flush=True)
             k += 1
+        probe.close()
+        spawned.remove(probe)
         produced = prod.wait_event("result", duration + 120)
         prod.finish()
         deadline = time.monotonic() + 120
@@ -481,6 +545,7 @@ def summarize(ph: dict) -> dict:
 SLOW_WINDOW_MS = 200.0  # a window whose p99 is above this and 4x the median window's
 STEAL_PCT = 5.0  # hypervisor steal that counts as "the machine was taken away"
 LOOP_STALL_MS = 100.0  # the worker's event loop did not run for this long
+COMMIT_STALL_MS = 200.0  # the probe's one-row commit took this long
 
 
 def slow_windows(ph: dict) -> list[dict]:
@@ -503,6 +568,8 @@ def slow_windows(ph: dict) -> list[dict]:
             "busy_pct": s.get("host_busy_pct"),
             "checkpoint": any(x.get("checkpoints") for x in both),
             "loop_lag_ms": max((x.get("loop_lag_ms") or 0.0) for x in both),
+            "commit_max_ms": max((x.get("commit_max_ms") or 0.0) for x in both),
+            "claim_max_ms": max((x.get("claim_max_ms") or 0.0) for x in both),
             "gc_ms": max((x.get("gc_ms") or 0.0) for x in both),
             "partition_drop": any(both[0]["t"] - ph["sample_s"] <= t <= s["t"]
                                   for t in drops),
@@ -511,6 +578,7 @@ def slow_windows(ph: dict) -> list[dict]:
         w["causes"] = [name for name, hit in (
             ("steal", w["steal_pct"] >= STEAL_PCT), ("checkpoint", w["checkpoint"]),
             ("worker stalled", w["loop_lag_ms"] >= LOOP_STALL_MS),
+            ("commits stalled", w["commit_max_ms"] >= COMMIT_STALL_MS),
             ("partition drop", w["partition_drop"])) if hit]
     return out
 
@@ -560,8 +628,9 @@ def checks(fresh: dict, soak: dict) -> list[dict]:
         s["dlq_bytes_last"] == s["dlq_bytes_first"])
     add("expired jobs_done partitions left at the end", s["expired_partitions_last"], "0",
         s["expired_partitions_last"] == 0)
-    add("rows in jobs_done_default (max)", s["default_rows_max"], "0",
-        s["default_rows_max"] == 0)
+    add("rows in jobs_done_default (max, both phases)",
+        f"fresh {f['default_rows_max']:,}, soak {s['default_rows_max']:,}", "0",
+        f["default_rows_max"] == 0 and s["default_rows_max"] == 0)
     add("every produced job completed exactly once (both phases)",
         f"fresh {fresh['verify']['completed']:,}, soak {soak['verify']['completed']:,}",
         "== produced", fresh["verify"]["ok"] and soak["verify"]["ok"])
@@ -691,22 +760,27 @@ def slow_window_lines(fr: dict, so: dict, fmt) -> list[str]:
     L = [f"Slow windows (warm, p99 above {SLOW_WINDOW_MS:.0f} ms and 4x the median "
          f"window's), with what happened in that window or the one before: steal ≥ "
          f"{STEAL_PCT:g}%, a checkpoint finishing, the worker's event loop stalled ≥ "
-         f"{LOOP_STALL_MS:.0f} ms, a partition drop.", ""]
+         f"{LOOP_STALL_MS:.0f} ms, a probe's one-row commit (every 100 ms, its own "
+         f"connection) taking ≥ {COMMIT_STALL_MS:.0f} ms, a partition drop.", ""]
     for ph in (fr, so):
         ws = ph["summary"]["slow_windows"]
         n_warm = sum(1 for s in ph["samples"] if s["warm"])
         tally = {c: sum(c in w["causes"] for w in ws)
-                 for c in ("steal", "checkpoint", "worker stalled", "partition drop")}
+                 for c in ("steal", "checkpoint", "worker stalled", "commits stalled",
+                           "partition drop")}
         L.append(f"- {ph['name']}: {len(ws)} of {n_warm} windows; "
                  + ", ".join(f"{c} {k}" for c, k in tally.items())
                  + f", none of these {sum(1 for w in ws if not w['causes'])}.")
     L += ["", "| run | t, s | p99, ms | backlog | steal % | loop stall, ms | GC, ms | "
-          "coincided with |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+          "slowest probe commit, ms | slowest claim, ms | coincided with |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for ph in (fr, so):
         for w in ph["summary"]["slow_windows"]:
             L.append(f"| {ph['name']} | {w['t']:.0f} | {fmt(w['p99_ms'])} | "
                      f"{fmt(w['backlog'])} | {w['steal_pct']:.1f} | {fmt(w['loop_lag_ms'])} | "
-                     f"{fmt(w['gc_ms'])} | {', '.join(w['causes']) or '–'} |")
+                     f"{fmt(w['gc_ms'])} | {fmt(w['commit_max_ms'])} | "
+                     f"{fmt(w['claim_max_ms'])} | "
+                     f"{', '.join(w['causes']) or '–'} |")
     return [*L, ""]
 
 
