@@ -305,9 +305,10 @@ async def test_a_new_workers_first_completions_land_in_their_hours_partition(
     async def finished() -> bool:
         return await _state(client, job.id) is awa.JobState.Completed
     await wait_until(finished)
-    part, now = await conn.fetchrow(
-        "SELECT tableoid::regclass::text, now() FROM awa.jobs_done WHERE id = $1", job.id)
-    assert part == f"awa.jobs_done_p{(now + timedelta(hours=24)).astimezone(UTC):%Y%m%d%H}"
+    part, prune_after = await conn.fetchrow(
+        "SELECT c.relname, d.prune_after FROM awa.jobs_done d "
+        "JOIN pg_class c ON c.oid = d.tableoid WHERE d.id = $1", job.id)
+    assert part == f"jobs_done_p{prune_after.astimezone(UTC):%Y%m%d%H}"
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done_default") == 0
 
 
