@@ -13,7 +13,6 @@ import pytest
 from tests.helpers import FAST, wait_until
 
 import awa
-from awa.db.queries import queries
 
 TERMINAL = {awa.JobState.Completed, awa.JobState.Failed, awa.JobState.Cancelled}
 
@@ -399,34 +398,6 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
     # A whole-table scan per claim (the bug) needs over a minute for these.
     await wait_until(lambda: asyncio.sleep(0, done >= 2000), timeout=20,
                      message="2,000 jobs of the backlog")
-
-
-async def test_reused_claim_and_completion_plans_are_index_lookups(
-        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
-    """The claim pool's generic plans never scan awa.jobs whole nor hash-join it,
-    whatever the last ANALYZE saw. With a few hundred jobs analyzed, PostgreSQL's
-    generic claim plan hash-joined its UPDATE against a sequential scan of the
-    table, whose cost follows the table's pages (bloated by churn), not its rows:
-    claims took 5-15 ms instead of about 1.5 for seconds at a time (the soak's
-    slow windows every few minutes)."""
-    await conn.execute(
-        "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
-        "SELECT 'backlog', 'default', '{}', 'available', 2, 25 FROM generate_series(1, 300)")
-    await conn.execute("ANALYZE awa.jobs")
-    await client.start([("other", 1)], **FAST)
-    assert client.runtime is not None and client.runtime._claim_pool is not None
-    q = queries()
-    async with client.runtime._claim_pool.acquire() as pooled:
-        for name, args in (("attempt_claim", "'default', 32, 0, 60"),
-                           ("attempt_complete_batch",
-                            "'{1,2}'::bigint[], '{1,1}'::bigint[], '{NULL,NULL}'::jsonb[], "
-                            "'1 day'::interval")):
-            # Statement names and arguments are this test's own literals.
-            await pooled.execute(f"PREPARE shape AS {q[name]}")
-            plan = "\n".join(r[0] for r in await pooled.fetch(f"EXPLAIN EXECUTE shape({args})"))
-            await pooled.execute("DEALLOCATE shape")
-            assert "Seq Scan on jobs" not in plan, (name, plan)
-            assert "Hash Join" not in plan and "Merge Join" not in plan, (name, plan)
 
 
 @dataclass

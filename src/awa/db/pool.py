@@ -113,18 +113,6 @@ async def connect(database_url: str) -> asyncpg.Connection:
     return await asyncpg.connect(dsn.parse(database_url).dsn, **driver_options(pooled))
 
 
-#: The claim pool's plans may use only index scans and nested loops. A generic
-#: plan knows neither the LIMIT nor the ids, only what the last ANALYZE saw:
-#: with few jobs seen, it hash-joined the claim's UPDATE (and the completion
-#: batch's DELETE) against a sequential scan of awa.jobs, whose cost grows with
-#: the table's pages, not its rows: 5-15 ms per claim instead of about 1.5, for
-#: seconds at a time until the next ANALYZE (the soak's slow windows, every few
-#: minutes). Both statements are keyed lookups; these settings only price the
-#: other plans out, nothing is forbidden.
-REUSED_PLAN_SHAPE = {"enable_seqscan": "off", "enable_bitmapscan": "off",
-                     "enable_hashjoin": "off", "enable_mergejoin": "off"}
-
-
 async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
                       command_timeout: float | None = None,
@@ -151,8 +139,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     so a plan never outlives the table size it was made for by more than a
     moment, while the claims in between skip planning (half their server time).
     JIT is off because a claim planned against a big backlog could cross
-    ``jit_above_cost`` and compile for most of a second. Reused plans are
-    also kept to index scans and nested loops (`REUSED_PLAN_SHAPE`).
+    ``jit_above_cost`` and compile for most of a second.
     """
     pooled = await behind_pooler(database_url)
     settings = {"application_name": application_name}
@@ -166,7 +153,6 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
             settings["plan_cache_mode"] = "force_custom_plan"
         else:
             settings["plan_cache_mode"] = "force_generic_plan"
-            settings.update(REUSED_PLAN_SHAPE)
             options["max_cached_statement_lifetime"] = \
                 CLAIM_PLAN_LIFETIME.total_seconds()
     pool = await asyncpg.create_pool(
