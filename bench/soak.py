@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from array import array
+from contextlib import closing
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -338,17 +339,16 @@ def sample_db(conn) -> dict:
     return dict(zip(SAMPLE_KEYS, row, strict=True))
 
 
-def checkpoint_totals(conn) -> tuple[int, float, float]:
-    """(checkpoints, write ms, sync ms) since the server's statistics were reset:
+def checkpoint_totals(conn) -> tuple[int, float]:
+    """(checkpoints, sync ms) since the server's statistics were reset:
     PostgreSQL 17 moved them from pg_stat_bgwriter to pg_stat_checkpointer."""
     if conn.info.server_version >= 170000:
-        sql = ("SELECT num_timed + num_requested, write_time, sync_time "
-               "FROM pg_stat_checkpointer")
+        sql = "SELECT num_timed + num_requested, sync_time FROM pg_stat_checkpointer"
     else:
-        sql = ("SELECT checkpoints_timed + checkpoints_req, checkpoint_write_time, "
-               "checkpoint_sync_time FROM pg_stat_bgwriter")
-    n, write_ms, sync_ms = conn.execute(sql).fetchone()
-    return int(n), float(write_ms), float(sync_ms)
+        sql = ("SELECT checkpoints_timed + checkpoints_req, checkpoint_sync_time "
+               "FROM pg_stat_bgwriter")
+    n, sync_ms = conn.execute(sql).fetchone()
+    return int(n), float(sync_ms)
 
 
 def run_phase(tools, drv, admin, name: str, rate: float, minutes: float, sample_s: float,
@@ -359,9 +359,7 @@ def run_phase(tools, drv, admin, name: str, rate: float, minutes: float, sample_
         return _phase(tools, drv, name, rate, minutes, sample_s, history, spawned)
     finally:
         for p in spawned:  # our own children, by their handles (only if something failed)
-            if isinstance(p, CommitProbe):
-                p.close()
-            elif p.p.poll() is None:
+            if p.p.poll() is None:
                 p.p.kill()
 
 
@@ -390,72 +388,70 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
         spawned.append(prod)
         t0 = time.time()
         cpu_prev = host_cpu()
-        probe = CommitProbe(drv.url)
-        spawned.append(probe)
-        ckpt_prev = checkpoint_totals(conn)
-        print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
-              f"{sample_s:g}s", flush=True)
-        samples, dropped = [], []
-        prev_t, prev_handled = t0, 0
-        lsn_prev = prev["_lsn"]
-        parts_prev = {p: None for p in prev["_parts"] or []}
-        k = 1
-        while True:
-            due = t0 + k * sample_s
-            if due > t0 + duration + 0.5:
-                break
-            time.sleep(max(0.0, due - time.time()))
-            warm = due - t0 > warmup
-            worker.send("sample-warm" if warm else "sample")
-            w = worker.wait_event("sample", 30)
-            d = sample_db(conn)
-            cpu = host_cpu()
-            span = (cpu[2] - cpu_prev[2]) or 1
-            d["host_busy_pct"] = 100.0 * (cpu[0] - cpu_prev[0]) / span
-            d["host_steal_pct"] = 100.0 * (cpu[1] - cpu_prev[1]) / span
-            cpu_prev = cpu
-            ckpt = checkpoint_totals(conn)
-            d["checkpoints"] = ckpt[0] - ckpt_prev[0]  # finished in this window
-            d["checkpoint_sync_ms"] = ckpt[2] - ckpt_prev[2]
-            ckpt_prev = ckpt
-            d["loop_lag_ms"], d["gc_ms"] = w.get("loop_lag_ms"), w.get("gc_ms")
-            d["commit_max_ms"] = probe.take()
-            for key in ("claims", "claim_max_ms"):
-                d[key] = w.get(key)
-            wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
-                               (d["_lsn"], lsn_prev)).fetchone()[0]
-            parts = set(d.pop("_parts") or [])
-            for p in sorted(set(parts_prev) - parts):
-                dropped.append({"t": w["t"] - t0, "partition": p})
-            parts_prev = {p: None for p in parts}
-            now_h = time.time()
-            d["expired_partitions"] = sum(
-                1 for p in parts
-                if (h := part_hour(p)) is not None and h.timestamp() + 3600 <= now_h - 180)
-            d.pop("_lsn")
-            lsn_prev = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-            handled = w["handled"]
-            s = {"t": w["t"] - t0, "warm": warm,
-                 "jobs_per_s": (handled - prev_handled) / (w["t"] - prev_t),
-                 "handled": handled, "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
-                 "max_ms": w["max_ms"], "n": w["n"], "worker_cpu_s": w["cpu"],
-                 "wal_bytes": wal, **d}
-            samples.append(s)
-            prev_t, prev_handled = w["t"], handled
-            print(f"  t={s['t']:6.0f}s {s['jobs_per_s']:8,.0f} jobs/s  p50 "
-                  f"{tools.fmt(s['p50_ms'])} p99 {tools.fmt(s['p99_ms'])} ms  dead "
-                  f"{s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} MiB  done "
-                  f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
-                  f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% "
-                  f"steal {s['host_steal_pct']:.1f}%  lag {tools.fmt(s['loop_lag_ms'])} ms"
-                  + f"  commit {tools.fmt(s['commit_max_ms'])} ms  claims {s['claims']} "
-                  f"(slowest {tools.fmt(s['claim_max_ms'])} ms)"
-                  + (" ckpt" if s["checkpoints"] else "")
-                  + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
-                     if s["oldest_xact_s"] > 10 else ""), flush=True)
-            k += 1
-        probe.close()
-        spawned.remove(probe)
+        # Closed when sampling ends, and on any error (its thread would outlive the run).
+        with closing(CommitProbe(drv.url)) as probe:
+            ckpt_prev = checkpoint_totals(conn)
+            print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
+                  f"{sample_s:g}s", flush=True)
+            samples, dropped = [], []
+            prev_t, prev_handled = t0, 0
+            lsn_prev = prev["_lsn"]
+            parts_prev = {p: None for p in prev["_parts"] or []}
+            k = 1
+            while True:
+                due = t0 + k * sample_s
+                if due > t0 + duration + 0.5:
+                    break
+                time.sleep(max(0.0, due - time.time()))
+                warm = due - t0 > warmup
+                worker.send("sample-warm" if warm else "sample")
+                w = worker.wait_event("sample", 30)
+                d = sample_db(conn)
+                cpu = host_cpu()
+                span = (cpu[2] - cpu_prev[2]) or 1
+                d["host_busy_pct"] = 100.0 * (cpu[0] - cpu_prev[0]) / span
+                d["host_steal_pct"] = 100.0 * (cpu[1] - cpu_prev[1]) / span
+                cpu_prev = cpu
+                ckpt = checkpoint_totals(conn)
+                d["checkpoints"] = ckpt[0] - ckpt_prev[0]  # finished in this window
+                d["checkpoint_sync_ms"] = ckpt[1] - ckpt_prev[1]
+                ckpt_prev = ckpt
+                d["loop_lag_ms"], d["gc_ms"] = w.get("loop_lag_ms"), w.get("gc_ms")
+                d["commit_max_ms"] = probe.take()
+                for key in ("claims", "claim_max_ms"):
+                    d[key] = w.get(key)
+                wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
+                                   (d["_lsn"], lsn_prev)).fetchone()[0]
+                parts = set(d.pop("_parts") or [])
+                for p in sorted(set(parts_prev) - parts):
+                    dropped.append({"t": w["t"] - t0, "partition": p})
+                parts_prev = {p: None for p in parts}
+                now_h = time.time()
+                d["expired_partitions"] = sum(
+                    1 for p in parts
+                    if (h := part_hour(p)) is not None and h.timestamp() + 3600 <= now_h - 180)
+                d.pop("_lsn")
+                lsn_prev = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+                handled = w["handled"]
+                s = {"t": w["t"] - t0, "warm": warm,
+                     "jobs_per_s": (handled - prev_handled) / (w["t"] - prev_t),
+                     "handled": handled, "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
+                     "max_ms": w["max_ms"], "n": w["n"], "worker_cpu_s": w["cpu"],
+                     "wal_bytes": wal, **d}
+                samples.append(s)
+                prev_t, prev_handled = w["t"], handled
+                print(f"  t={s['t']:6.0f}s {s['jobs_per_s']:8,.0f} jobs/s  p50 "
+                      f"{tools.fmt(s['p50_ms'])} p99 {tools.fmt(s['p99_ms'])} ms  dead "
+                      f"{s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} MiB  done "
+                      f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
+                      f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% "
+                      f"steal {s['host_steal_pct']:.1f}%  lag {tools.fmt(s['loop_lag_ms'])} ms"
+                      + f"  commit {tools.fmt(s['commit_max_ms'])} ms  claims {s['claims']} "
+                      f"(slowest {tools.fmt(s['claim_max_ms'])} ms)"
+                      + (" ckpt" if s["checkpoints"] else "")
+                      + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
+                         if s["oldest_xact_s"] > 10 else ""), flush=True)
+                k += 1
         produced = prod.wait_event("result", duration + 120)
         prod.finish()
         deadline = time.monotonic() + 120
@@ -552,7 +548,7 @@ def slow_windows(ph: dict) -> list[dict]:
     """Warm windows with a p99 far above the typical one, each with what coincided
     with it in that window or the one before (a stall shows up as the backlog it
     leaves): hypervisor steal, a checkpoint finishing, the worker's loop stalling,
-    a partition drop."""
+    the probe's commit stalling, a partition drop."""
     ss = ph["samples"]
     typical = _median(s["p99_ms"] for s in ss if s["warm"]) or 0.0
     bar = max(SLOW_WINDOW_MS, 4 * typical)
@@ -565,7 +561,6 @@ def slow_windows(ph: dict) -> list[dict]:
         out.append({
             "t": s["t"], "p99_ms": s["p99_ms"], "backlog": s["backlog"],
             "steal_pct": max(x.get("host_steal_pct", 0.0) for x in both),
-            "busy_pct": s.get("host_busy_pct"),
             "checkpoint": any(x.get("checkpoints") for x in both),
             "loop_lag_ms": max((x.get("loop_lag_ms") or 0.0) for x in both),
             "commit_max_ms": max((x.get("commit_max_ms") or 0.0) for x in both),
