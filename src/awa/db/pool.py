@@ -113,6 +113,16 @@ async def connect(database_url: str) -> asyncpg.Connection:
     return await asyncpg.connect(dsn.parse(database_url).dsn, **driver_options(pooled))
 
 
+#: The claim pool reads awa.jobs only through indexes, in index order. A plan
+#: knows only what the last ANALYZE saw: taken at a moment when almost no job
+#: was available, it sorted a bitmap scan of every available job per claim
+#: (a sequential scan, when the table was empty at start-up). As a backlog
+#: grew, so did each claim (5-15 ms instead of about 1.5), which grew the
+#: backlog further, until a later ANALYZE saw it: the soak's 2-4 s slow
+#: windows every few minutes. These settings only price those plans out.
+REUSED_PLAN_SHAPE = {"enable_seqscan": "off", "enable_bitmapscan": "off"}
+
+
 async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
                       command_timeout: float | None = None,
@@ -139,7 +149,8 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     so a plan never outlives the table size it was made for by more than a
     moment, while the claims in between skip planning (half their server time).
     JIT is off because a claim planned against a big backlog could cross
-    ``jit_above_cost`` and compile for most of a second.
+    ``jit_above_cost`` and compile for most of a second. Reused plans read
+    awa.jobs by index only (`REUSED_PLAN_SHAPE`).
     """
     pooled = await behind_pooler(database_url)
     settings = {"application_name": application_name}
@@ -153,6 +164,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
             settings["plan_cache_mode"] = "force_custom_plan"
         else:
             settings["plan_cache_mode"] = "force_generic_plan"
+            settings.update(REUSED_PLAN_SHAPE)
             options["max_cached_statement_lifetime"] = \
                 CLAIM_PLAN_LIFETIME.total_seconds()
     pool = await asyncpg.create_pool(
