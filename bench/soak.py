@@ -138,7 +138,6 @@ async def role_worker(a) -> None:
         diag["claims"], diag["claim_max"] = 0, 0.0
     ptask.cancel()
     lag_task.cancel()
-
     await client.shutdown(timeout_ms=5000)
     lat = sorted(warm)
     benchkit.emit({"event": "result", "handled": buf["n"], "warm_n": len(lat),
@@ -416,10 +415,9 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
                 d["checkpoints"] = ckpt[0] - ckpt_prev[0]  # finished in this window
                 d["checkpoint_sync_ms"] = ckpt[1] - ckpt_prev[1]
                 ckpt_prev = ckpt
-                d["loop_lag_ms"], d["gc_ms"] = w.get("loop_lag_ms"), w.get("gc_ms")
+                for key in ("loop_lag_ms", "gc_ms", "claims", "claim_max_ms"):
+                    d[key] = w.get(key)  # the worker's own view of this window
                 d["commit_max_ms"] = probe.take()
-                for key in ("claims", "claim_max_ms"):
-                    d[key] = w.get(key)
                 wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
                                    (d["_lsn"], lsn_prev)).fetchone()[0]
                 parts = set(d.pop("_parts") or [])
@@ -542,6 +540,8 @@ SLOW_WINDOW_MS = 200.0  # a window whose p99 is above this and 4x the median win
 STEAL_PCT = 5.0  # hypervisor steal that counts as "the machine was taken away"
 LOOP_STALL_MS = 100.0  # the worker's event loop did not run for this long
 COMMIT_STALL_MS = 200.0  # the probe's one-row commit took this long
+#: What a slow window is checked against, in the report's order.
+CAUSES = ("steal", "checkpoint", "worker stalled", "commits stalled", "partition drop")
 
 
 def slow_windows(ph: dict) -> list[dict]:
@@ -570,11 +570,10 @@ def slow_windows(ph: dict) -> list[dict]:
                                   for t in drops),
         })
     for w in out:
-        w["causes"] = [name for name, hit in (
-            ("steal", w["steal_pct"] >= STEAL_PCT), ("checkpoint", w["checkpoint"]),
-            ("worker stalled", w["loop_lag_ms"] >= LOOP_STALL_MS),
-            ("commits stalled", w["commit_max_ms"] >= COMMIT_STALL_MS),
-            ("partition drop", w["partition_drop"])) if hit]
+        hits = (w["steal_pct"] >= STEAL_PCT, w["checkpoint"],
+                w["loop_lag_ms"] >= LOOP_STALL_MS, w["commit_max_ms"] >= COMMIT_STALL_MS,
+                w["partition_drop"])
+        w["causes"] = [name for name, hit in zip(CAUSES, hits, strict=True) if hit]
     return out
 
 
@@ -760,9 +759,7 @@ def slow_window_lines(fr: dict, so: dict, fmt) -> list[str]:
     for ph in (fr, so):
         ws = ph["summary"]["slow_windows"]
         n_warm = sum(1 for s in ph["samples"] if s["warm"])
-        tally = {c: sum(c in w["causes"] for w in ws)
-                 for c in ("steal", "checkpoint", "worker stalled", "commits stalled",
-                           "partition drop")}
+        tally = {c: sum(c in w["causes"] for w in ws) for c in CAUSES}
         L.append(f"- {ph['name']}: {len(ws)} of {n_warm} windows; "
                  + ", ".join(f"{c} {k}" for c, k in tally.items())
                  + f", none of these {sum(1 for w in ws if not w['causes'])}.")

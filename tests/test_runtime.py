@@ -366,6 +366,14 @@ async def test_health_listener(client: awa.AsyncClient, database_url: str) -> No
     assert status == 503 and json.loads(text)["schema_compatible"] is False
 
 
+async def _insert_backlog(conn: asyncpg.Connection, n: int, state: str) -> None:
+    """n no-op `Backlog` jobs of priority 2 in the default queue, straight into awa.jobs."""
+    await conn.execute(
+        "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
+        "SELECT 'backlog', 'default', '{}', $2::awa.job_state, 2, 25 "
+        "FROM generate_series(1, $1)", n, state)
+
+
 async def test_claims_stay_fast_when_the_backlog_grows_after_start(
         client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     """A worker that starts on an empty table keeps claiming by index once a big
@@ -393,10 +401,7 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
         done += 1
 
     await asyncio.sleep(1.0)  # idle claims on the empty table: more than five of them
-    await conn.execute(
-        "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
-        "SELECT 'backlog', 'default', '{}', 'available', 2, 25 "
-        "FROM generate_series(1, 200000)")
+    await _insert_backlog(conn, 200000, "available")
     # A whole-table scan per claim (the bug) needs over a minute for these.
     await wait_until(lambda: asyncio.sleep(0, done >= 2000), timeout=20,
                      message="2,000 jobs of the backlog")
@@ -419,16 +424,13 @@ async def test_a_reused_claim_plan_reads_only_the_head_of_a_backlog_analyze_neve
     chose a bitmap scan plus a sort: every available job read per claim, so
     claims slowed as a backlog grew, which made it grow further (the soak's
     2-4 s slow windows). Only the claim pool's settings change here."""
-    insert = ("INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
-              "SELECT 'backlog', 'default', '{}', $2::awa.job_state, 2, 25 "
-              "FROM generate_series(1, $1)")
-    await conn.execute(insert, 20000, "running")  # churn leaves pages behind
+    await _insert_backlog(conn, 20000, "running")  # churn leaves pages behind
     await conn.execute("DELETE FROM awa.jobs")
     await conn.execute("VACUUM awa.jobs")
-    await conn.execute(insert, 300, "running")
-    await conn.execute(insert, 1, "available")
+    await _insert_backlog(conn, 300, "running")
+    await _insert_backlog(conn, 1, "available")
     await conn.execute("ANALYZE awa.jobs")
-    await conn.execute(insert, 5000, "available")  # the backlog, into the free pages
+    await _insert_backlog(conn, 5000, "available")  # the backlog, into the free pages
     pool = await create_pool(database_url, plans="reused", max_connections=1)
     try:
         async with pool.acquire() as pooled:
