@@ -247,7 +247,7 @@ class JobMachine(RuleBasedStateMachine):
             return None
         assert row is not None and row["id"] == candidates[0]["id"]
         self.model.claim(self.model.jobs[row["id"]])
-        return Attempt(Job.from_row(row))
+        return Attempt(Job.from_claim(row) if runtime else Job.from_row(row))
 
     @rule(i=st.integers(0, 50), kind=st.sampled_from(["task", "plain"]),
           queue=st.sampled_from(QUEUES), behavior=BEHAVIORS)

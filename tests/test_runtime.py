@@ -366,6 +366,27 @@ async def test_health_listener(client: awa.AsyncClient, database_url: str) -> No
     assert status == 503 and json.loads(text)["schema_compatible"] is False
 
 
+@pytest.mark.parametrize("filled", [True, False])
+async def test_a_claimed_job_is_the_job_as_stored(client: awa.AsyncClient,
+                                                  conn: asyncpg.Connection,
+                                                  filled: bool) -> None:
+    """The claim returns only the columns a running attempt can hold (decoding the
+    rest cost the worker time per job); the Job built from them is the stored one."""
+    opts: dict[str, object] = dict(priority=3, tags=["a", "b"], metadata={"m": 1},
+                                   unique_opts={}, ordering_key="k") if filled else {}
+    job = await client.insert(Step(1), **opts)  # type: ignore[arg-type]
+    if filled:
+        await conn.execute("UPDATE awa.jobs SET errors = '[{\"error\": \"e\"}]', "
+                           "progress = '{\"percent\": 5}' WHERE id = $1", job.id)
+    pool = await client.pool()
+    rows = await pool.fetch(queries()["attempt_claim"], "default", 1, 30.0 if filled else 0.0,
+                            0.0)
+    claimed = awa.Job.from_claim(rows[0])
+    assert claimed == await client.get_job(job.id)
+    assert (claimed.deadline is not None) == filled
+    assert (claimed.tags, claimed.metadata) == ((["a", "b"], {"m": 1}) if filled else ([], {}))
+
+
 async def _insert_backlog(conn: asyncpg.Connection, n: int, state: str) -> None:
     """n no-op `Backlog` jobs of priority 2 in the default queue, straight into awa.jobs."""
     await conn.execute(

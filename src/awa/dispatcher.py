@@ -173,7 +173,7 @@ class Dispatcher:
                     self._capacity.release(name, reserved)
                 if self._limiter is not None:
                     self._limiter.take(len(rows))
-                self.ready.extend(Job.from_row(row) for row in rows)
+                self.ready.extend(Job.from_claim(row) for row in rows)
                 self._start_ready()
                 self.claimed += len(rows)
                 more = len(rows) == want

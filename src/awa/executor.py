@@ -57,6 +57,8 @@ def _seconds(field: str, value: Any) -> float:
 
 def outcome_of(result: Any, job: Job) -> Outcome:
     """Map a handler's return value to an outcome."""
+    if result is None:  # by far the most common
+        return Outcome("completed")
     if isinstance(result, RetryAfter):
         if job.attempt >= job.max_attempts:
             return Outcome("fail", error="RetryAfter: attempts exhausted")

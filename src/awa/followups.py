@@ -18,11 +18,12 @@ taken; any other insert error rolls the whole outcome back. Lifecycle hooks
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from awa import producer, states, telemetry
 from awa.db.errors import translate
@@ -210,11 +211,22 @@ async def _call_hook(fn: Callable[[JobEvent], Any], event: JobEvent) -> None:
 
 def rebuild_args(args_type: Any, data: dict[str, Any]) -> Any:
     """Args as ``args_type`` (a dataclass or pydantic model), or the dict itself."""
+    return _args_builder(args_type)(data)
+
+
+@functools.cache
+def _args_builder(args_type: Any) -> Callable[[dict[str, Any]], Any]:
+    # Chosen once per type: a worker rebuilds args for every job it runs.
     if args_type is None or args_type is dict:
-        return data
-    if hasattr(args_type, "model_validate"):
-        return args_type.model_validate(data)
-    return args_type(**data)
+        return _same
+    validate = getattr(args_type, "model_validate", None)
+    if validate is not None:
+        return cast(Callable[[dict[str, Any]], Any], validate)
+    return lambda data: args_type(**data)
+
+
+def _same(data: dict[str, Any]) -> dict[str, Any]:
+    return data
 
 
 def _arity(fn: Callable[..., Any]) -> int:

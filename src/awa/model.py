@@ -71,6 +71,22 @@ class Job:
             callback_timeout_at=row["callback_timeout_at"],
         )
 
+    @classmethod
+    def from_claim(cls, row: Any) -> Job:
+        """Build from a row of the claim statement (``attempt_claim``): a running
+        attempt, so no finish, output or callback yet, and its heartbeat is its start."""
+        return cls(
+            id=row["id"], kind=row["kind"], queue=row["queue"], state=JobState.Running,
+            priority=row["priority"], attempt=row["attempt"],
+            max_attempts=row["max_attempts"], args=row["args"], run_at=row["run_at"],
+            created_at=row["created_at"], tags=row["tags"] or [],
+            metadata=row["metadata"] or {}, errors=row["errors"] or [],
+            deadline=row["deadline_at"], attempted_at=row["attempted_at"],
+            heartbeat_at=row["attempted_at"], progress=row["progress"],
+            run_lease=row["run_lease"], unique_key=row["unique_key"],
+            ordering_key=row["ordering_key"],
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (times ISO-8601, key base64)."""
         out: dict[str, Any] = {}

@@ -281,37 +281,38 @@ class Runtime:
             wait = (job.attempted_at - job.run_at).total_seconds()
             self.completer.observe_wait(job.queue, wait)
         telemetry.claimed(job, wait)
-        task = asyncio.create_task(self._run(job))
-        self._job_tasks.add(task)
-        task.add_done_callback(self._job_tasks.discard)
+        self._job_tasks.add(asyncio.create_task(self._run(job)))
 
     async def _run(self, job: Job) -> None:
         """Run one job. The slot frees when the handler returns; the completion
-        backlog is bounded separately (see `Dispatcher`)."""
-        ctx, early = self._executor.prepare(job)
-        outcome: Outcome | None = early
-        if ctx is not None:
-            self._attempts[job.id] = _Attempt(job.run_lease, ctx, job.queue)
-            self.followups.emit("started", job)
-            started = time.perf_counter()
-            try:
-                outcome = await self._executor.run(job, ctx)
-            except asyncio.CancelledError:
-                # Shutdown abandoned the handler: the job stays running and is
-                # rescued once its heartbeat goes stale; staged follow-ups go with it.
-                ctx._cancel()
-                self._attempts.pop(job.id, None)
-                self._release(job.queue)
-                raise
-            self.dispatchers[job.queue].ran(time.perf_counter() - started)
-        self._release(job.queue)
-        assert outcome is not None
+        backlog is bounded separately (see `Dispatcher`). The task leaves
+        `_job_tasks` itself: a done callback would cost the loop a turn per job."""
         try:
-            await self._record(job, ctx, outcome)
+            ctx, outcome = self._executor.prepare(job)
+            if ctx is not None:
+                self._attempts[job.id] = _Attempt(job.run_lease, ctx, job.queue)
+                self.followups.emit("started", job)
+                started = time.perf_counter()
+                try:
+                    outcome = await self._executor.run(job, ctx)
+                except asyncio.CancelledError:
+                    # Shutdown abandoned the handler: the job stays running and is
+                    # rescued once its heartbeat goes stale; staged follow-ups go with it.
+                    ctx._cancel()
+                    self._attempts.pop(job.id, None)
+                    self._release(job.queue)
+                    raise
+                self.dispatchers[job.queue].ran(time.perf_counter() - started)
+            self._release(job.queue)
+            assert outcome is not None
+            try:
+                await self._record(job, ctx, outcome)
+            finally:
+                attempt = self._attempts.get(job.id)
+                if attempt is not None and attempt.lease == job.run_lease:
+                    del self._attempts[job.id]
         finally:
-            attempt = self._attempts.get(job.id)
-            if attempt is not None and attempt.lease == job.run_lease:
-                del self._attempts[job.id]
+            self._job_tasks.discard(cast("asyncio.Task[None]", asyncio.current_task()))
 
     async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
         """Write the outcome with its follow-ups; fire hooks once it has committed."""
