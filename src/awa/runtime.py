@@ -124,7 +124,8 @@ class Runtime:
         self.services: list[PeriodicService] = self._make_services()
         self._attempts: dict[int, _Attempt] = {}
         self.outcomes: Counter[tuple[str, str]] = Counter()  # (outcome, queue), not completed
-        self._job_tasks: set[asyncio.Task[None]] = set()
+        #: Running job tasks by (job id, run lease): an attempt's task removes itself.
+        self._job_tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._dispatch_loops: list[asyncio.Task[None]] = []
         self._stop_claiming = asyncio.Event()
@@ -201,12 +202,18 @@ class Runtime:
         # Claims go through their own small pool, so they never queue behind
         # outcomes; they commit asynchronously (see attempt_claim). Plain
         # completion batches share it: both reuse their plans (see create_pool).
-        self._claim_pool = await own_pool("awa-claim", CLAIM_POOL_SIZE, "reused")
         # The runtime's own statements (completions, heartbeats, maintenance) use
         # a small pool of their own: a handler that holds every client
         # connection cannot starve heartbeats, and a half-open connection fails
-        # its statement instead of hanging the worker.
-        self._runtime_pool = await own_pool("awa-runtime", RUNTIME_POOL_SIZE, "custom")
+        # its statement instead of hanging the worker. Both connect at once.
+        made = await asyncio.gather(own_pool("awa-claim", CLAIM_POOL_SIZE, "reused"),
+                                    own_pool("awa-runtime", RUNTIME_POOL_SIZE, "custom"),
+                                    return_exceptions=True)
+        for failed in (p for p in made if isinstance(p, BaseException)):
+            for pool in (p for p in made if isinstance(p, asyncpg.Pool)):
+                await pool.close()
+            raise failed
+        self._claim_pool, self._runtime_pool = cast(list[asyncpg.Pool], made)
         self.completer.use_pool(self._runtime_pool, batch_pool=self._claim_pool)
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:
@@ -245,7 +252,7 @@ class Runtime:
                 task.cancel()
             await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         if self._job_tasks:
-            _, pending = await asyncio.wait(set(self._job_tasks), timeout=timeout)
+            _, pending = await asyncio.wait(set(self._job_tasks.values()), timeout=timeout)
             for task in pending:
                 task.cancel()
             if pending:
@@ -281,7 +288,7 @@ class Runtime:
             wait = (job.attempted_at - job.run_at).total_seconds()
             self.completer.observe_wait(job.queue, wait)
         telemetry.claimed(job, wait)
-        self._job_tasks.add(asyncio.create_task(self._run(job)))
+        self._job_tasks[(job.id, job.run_lease)] = asyncio.create_task(self._run(job))
 
     async def _run(self, job: Job) -> None:
         """Run one job. The slot frees when the handler returns; the completion
@@ -312,7 +319,7 @@ class Runtime:
                 if attempt is not None and attempt.lease == job.run_lease:
                     del self._attempts[job.id]
         finally:
-            self._job_tasks.discard(cast("asyncio.Task[None]", asyncio.current_task()))
+            self._job_tasks.pop((job.id, job.run_lease), None)
 
     async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
         """Write the outcome with its follow-ups; fire hooks once it has committed."""
