@@ -387,23 +387,6 @@ async def test_a_claimed_job_is_the_job_as_stored(client: awa.AsyncClient,
     assert (claimed.tags, claimed.metadata) == ((["a", "b"], {"m": 1}) if filled else ([], {}))
 
 
-async def test_a_claim_rewrites_bulk_inserted_jobs_on_their_own_pages(
-        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
-    """awa.jobs keeps room on each page (migration 0008), so a claim's new row
-    versions stay on their pages: PostgreSQL then logs only the changed bytes,
-    not the whole row plus a lock record (10% less WAL per job)."""
-    await client.enqueue_many_copy([Step(i) for i in range(300)])
-    page = "SELECT id, (ctid::text::point)[0]::int AS page FROM awa.jobs"
-    before = {r["id"]: r["page"] for r in await conn.fetch(page)}
-    assert len(set(before.values())) > 2  # the backlog spans several pages
-    pool = await client.pool()
-    claimed = await pool.fetch(queries()["attempt_claim"], "default", 64, 0.0, 0.0)
-    assert len(claimed) == 64
-    after = {r["id"]: r["page"] for r in await conn.fetch(page)}
-    moved = [r["id"] for r in claimed if after[r["id"]] != before[r["id"]]]
-    assert len(moved) <= len(claimed) // 8, moved  # with full pages: nearly all
-
-
 async def _insert_backlog(conn: asyncpg.Connection, n: int, state: str) -> None:
     """n no-op `Backlog` jobs of priority 2 in the default queue, straight into awa.jobs."""
     await conn.execute(
