@@ -217,6 +217,9 @@ def ensure_venv(name: str, args, logdir: Path) -> Path:
             raise Skip(f"pip install {' '.join(reqs)} failed, see {log}")
     if spec.get("local"):
         # Always reinstall the repo so the run measures the current working tree.
+        # setuptools stages it in build/lib and never removes what was deleted
+        # since: a removed migration was being installed again.
+        shutil.rmtree(src / "build", ignore_errors=True)
         ok = pip(venv, ["-q", str(src)], log) if fresh else True
         ok = ok and pip(venv, ["-q", "--no-deps", "--force-reinstall", str(src)], log)
         if not ok:
