@@ -209,7 +209,8 @@ class Runtime:
         made = await asyncio.gather(own_pool("awa-claim", CLAIM_POOL_SIZE, "reused"),
                                     own_pool("awa-runtime", RUNTIME_POOL_SIZE, "custom"),
                                     return_exceptions=True)
-        for failed in (p for p in made if isinstance(p, BaseException)):
+        failed = next((p for p in made if isinstance(p, BaseException)), None)
+        if failed is not None:  # close the one that opened, then fail the start
             for pool in (p for p in made if isinstance(p, asyncpg.Pool)):
                 await pool.close()
             raise failed
@@ -312,13 +313,11 @@ class Runtime:
                 self.dispatchers[job.queue].ran(time.perf_counter() - started)
             self._release(job.queue)
             assert outcome is not None
-            try:
-                await self._record(job, ctx, outcome)
-            finally:
-                attempt = self._attempts.get(job.id)
-                if attempt is not None and attempt.lease == job.run_lease:
-                    del self._attempts[job.id]
+            await self._record(job, ctx, outcome)
         finally:
+            attempt = self._attempts.get(job.id)
+            if attempt is not None and attempt.lease == job.run_lease:
+                del self._attempts[job.id]
             self._job_tasks.pop((job.id, job.run_lease), None)
 
     async def _record(self, job: Job, ctx: JobContext | None, outcome: Outcome) -> None:
