@@ -70,6 +70,7 @@ CEILING = "raw-sql"  # drain throughput of every system is also reported as a fr
 ALLOWED_DBS = {s["db"] for s in SYSTEMS.values()} | {s["db"] + "_tpl" for s in SYSTEMS.values()}
 
 SCENARIOS = ["insert-single", "insert-bulk", "drain-1w", "drain-2w", "latency"]
+DRAINS = ("drain-1w", "drain-2w")  # run in rounds (--rounds), the median reported
 CONCURRENCY = 32
 
 
@@ -89,6 +90,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list, default: all")
     p.add_argument(
         "--jobs", type=int, default=None, help="N for insert-bulk and the drains (20000)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3,
+        help="drain rounds per system, interleaved; the median round is reported (3)",
     )
     p.add_argument("--single-jobs", type=int, default=None, help="N for insert-single (2000)")
     p.add_argument("--latency-seconds", type=float, default=None, help="producer run time (10)")
@@ -678,6 +683,18 @@ def sc_drain(drv: Driver, admin: Admin, db: str, postmaster, n: int, workers: in
     return out
 
 
+def median_round(rounds: list[dict]) -> dict:
+    """The round of median throughput, whole (its CPU and WAL figures with it),
+    plus every round's jobs/s; a round that failed makes the result failed."""
+    failed = [r for r in rounds if "error_only" in r or "error" in r
+              or not r.get("verify", {}).get("ok")]
+    if failed:
+        return {**failed[0], "round_jobs_per_s": [r.get("jobs_per_s") for r in rounds]}
+    ordered = sorted(rounds, key=lambda r: r["jobs_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2],
+            "round_jobs_per_s": [r["jobs_per_s"] for r in rounds]}
+
+
 def sc_latency(drv: Driver, admin: Admin, db: str, postmaster, rate: float, seconds: float) -> dict:
     fresh_db(drv, admin, db)
     admin.analyze(db)
@@ -745,7 +762,7 @@ NO_RATIO = {"ceiling_fraction"}
 def add_ceiling(report: dict) -> None:
     """Each system's drain jobs/s as a fraction of the raw-SQL ceiling's, same run."""
     res = report["results"]
-    for scen in ("drain-1w", "drain-2w"):
+    for scen in DRAINS:
         top, ok = cell(res, CEILING, scen, "jobs_per_s")
         if not top or not ok:
             continue
@@ -857,9 +874,20 @@ def markdown(report: dict) -> str:
             "rate is also shown as a share of it. WAL bytes are "
             "`pg_wal_lsn_diff` over the drain (go → workers stopped), divided by N."
         )
+    rounds = []
+    for s in systems:
+        per_round = (res.get(s, {}).get("drain-1w") or {}).get("round_jobs_per_s") or []
+        if len(per_round) > 1:
+            rounds.append(f"{s} " + " / ".join(fmt(v) for v in per_round))
+    if rounds:
+        lines.append(
+            f"Drains ran in {report['params']['rounds']} interleaved rounds (every system once "
+            "per round); each drain figure is from the round of median jobs/s. drain 1w, jobs/s "
+            "per round: " + "; ".join(rounds) + "."
+        )
     notes = []
     for s in systems:
-        for scen in ("drain-1w", "drain-2w"):
+        for scen in DRAINS:
             r = res.get(s, {}).get(scen) or {}
             busy = r.get("other_db_cpu_s")
             if busy and busy > max(0.2, 0.1 * (r.get("seconds") or 0)):
@@ -935,6 +963,7 @@ def main() -> None:
             "latency_rate": args.latency_rate,
             "concurrency": CONCURRENCY,
             "quick": args.quick,
+            "rounds": args.rounds,
             "rawsql_claim_commit": "off" if args.rawsql_async_claim else "on",
         },
         "systems": args.systems,
@@ -963,9 +992,11 @@ def main() -> None:
             print(f"[skip] {name}: {e}", flush=True)
 
     for scen in args.scenarios:
-        for name, drv in drivers.items():
-            db = SYSTEMS[name]["db"]
-            print(f"[run] {scen:<13} {name:<14}", end=" ", flush=True)
+        rounds = args.rounds if scen in DRAINS else 1
+        for rnd, name in ((r, n) for r in range(rounds) for n in drivers):
+            drv, db = drivers[name], SYSTEMS[name]["db"]
+            label = f"{scen}#{rnd + 1}" if rounds > 1 else scen
+            print(f"[run] {label:<13} {name:<14}", end=" ", flush=True)
             t0 = time.time()
             try:
                 if scen == "insert-single":
@@ -982,7 +1013,11 @@ def main() -> None:
                     )
             except Exception as e:  # keep going: one failing system must not kill the run
                 r = {"error_only": f"{type(e).__name__}: {e}"}
-            report["results"].setdefault(name, {})[scen] = r
+            if rounds > 1:
+                runs = report["results"].setdefault(name, {}).setdefault(scen, {"rounds": []})
+                runs["rounds"].append(r)
+            else:
+                report["results"].setdefault(name, {})[scen] = r
             if "error_only" in r:
                 summary = "ERROR " + r["error_only"]
             else:
@@ -1016,6 +1051,10 @@ def main() -> None:
             except Exception:
                 pass
 
+    for by_scen in report["results"].values():
+        for scen, r in by_scen.items():
+            if "rounds" in r:
+                by_scen[scen] = median_round(r["rounds"])
     report["elapsed_seconds"] = time.time() - t_start
     add_ceiling(report)
     report["ratios"] = ratios(report)
