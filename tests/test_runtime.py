@@ -518,3 +518,49 @@ async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
     assert [(r["id"], r["state"], r["attempt"]) for r in rows] == (
         [(i, "running", 1) for i in blocked[:2]]  # abandoned handlers: left for rescue
         + [(i, "available", 0) for i in blocked[2:]])
+
+
+async def test_claims_keep_their_connections_and_borrow_anew_once_they_are_lost(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """A one-queue worker claims and completes through connections it keeps
+    (asyncpg's borrow and return per statement was a tenth of its CPU). If the
+    server ends those sessions, the next statements borrow new ones: jobs
+    inserted afterwards still complete, each once."""
+    runs: list[int] = []
+
+    @client.task(Step)
+    async def handle(job: awa.Job) -> None:
+        runs.append(job.args.n)
+
+    first = [(await client.insert(Step(i))).id for i in range(40)]
+    await client.start([("default", 4)], **FAST)
+    await _finished(client, first)
+    claim_sessions = ("SELECT pid FROM pg_stat_activity WHERE application_name = 'awa-claim' "
+                      "AND datname = current_database()")
+    kept = {r["pid"] for r in await conn.fetch(claim_sessions)}
+    assert 1 <= len(kept) <= 3  # the claim pool's size: nothing borrowed beyond it
+    await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE application_name = 'awa-claim' AND datname = current_database()")
+    second = [(await client.insert(Step(100 + i))).id for i in range(40)]
+    jobs = await _finished(client, second)
+    assert {j.state for j in jobs} == {awa.JobState.Completed}
+    assert sorted(runs) == list(range(40)) + list(range(100, 140))
+    now = {r["pid"] for r in await conn.fetch(claim_sessions)}
+    assert now and not now & kept  # every claim session is a new one
+
+
+async def test_a_worker_of_more_queues_than_claim_connections_serves_them_all(
+        client: awa.AsyncClient) -> None:
+    """Dispatchers keep a claim connection only while the claim pool has one to
+    spare for each: with more queues than that, they borrow per claim, so no
+    queue waits for a connection another queue keeps."""
+    queues = [f"q{i}" for i in range(5)]
+    for q in queues:
+        @client.task(Step, kind=f"many_{q}", queue=q)
+        async def handle(job: awa.Job) -> None:
+            return None
+    ids = [(await client.insert(Step(i), kind=f"many_{q}", queue=q)).id
+           for q in queues for i in range(10)]
+    await client.start([(q, 2) for q in queues], **FAST)
+    jobs = await _finished(client, ids)
+    assert {j.state for j in jobs} == {awa.JobState.Completed}

@@ -24,7 +24,7 @@ import asyncpg
 
 from awa import telemetry
 from awa.db.errors import translated
-from awa.db.pool import Conn
+from awa.db.pool import Conn, HeldConnection
 from awa.db.queries import Queries
 from awa.executor import Outcome
 from awa.followups import insert_followups
@@ -50,7 +50,8 @@ class Completer:
     def __init__(self, pool: asyncpg.Pool, q: Queries, *, completed_retention: timedelta,
                  failed_retention: timedelta, max_batch: int = 512) -> None:
         self._pool = pool
-        self._batch_pool = pool
+        #: Plain completion batches: one statement at a time, so they keep a connection.
+        self._batch: asyncpg.Pool | HeldConnection = pool
         self._q = q
         self._completed_retention = completed_retention
         self._failed_retention = failed_retention
@@ -73,9 +74,10 @@ class Completer:
     def use_pool(self, pool: asyncpg.Pool, batch_pool: asyncpg.Pool | None = None) -> None:
         """Write through ``pool`` from now on (the runtime's own pool), and plain
         completion batches through ``batch_pool`` (the claim pool, whose plans are
-        reused: planning cost as much as the batch itself) when given."""
+        reused: planning cost as much as the batch itself) when given; the flusher
+        keeps one connection of it."""
         self._pool = pool
-        self._batch_pool = batch_pool or pool
+        self._batch = HeldConnection(batch_pool) if batch_pool is not None else pool
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._flusher(), name="awa-completer")
@@ -161,6 +163,8 @@ class Completer:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.flush_counts()
+        if isinstance(self._batch, HeldConnection):
+            await self._batch.release()
 
     async def _flusher(self) -> None:
         while True:
@@ -190,7 +194,7 @@ class Completer:
                     if with_followups:
                         rows = await self._flush_with_followups(batch, ids, leases, outputs)
                     else:
-                        rows = await self._batch_pool.fetch(
+                        rows = await self._batch.fetch(
                             self._q["attempt_complete_batch"], ids, leases, outputs,
                             self._completed_retention)
                 done = {r["id"] for r in rows}

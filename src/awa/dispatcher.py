@@ -26,6 +26,7 @@ import asyncpg
 from awa import telemetry
 from awa.capacity import Capacity, TokenBucket
 from awa.config import QueueConfig
+from awa.db.pool import HeldConnection
 from awa.db.queries import Queries
 from awa.model import Job
 from awa.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
@@ -43,7 +44,7 @@ class Dispatcher:
                  launch: Callable[[Job], None], poll_interval: float,
                  backlog: Callable[[], bool] = lambda: False) -> None:
         self.cfg = cfg
-        self._pool = pool
+        self._db: asyncpg.Pool | HeldConnection = pool  # what claims go through
         self._q = q
         self._capacity = capacity
         self._launch = launch
@@ -66,9 +67,10 @@ class Dispatcher:
         self._poll = poll_interval
         self.wake()
 
-    def use_pool(self, pool: asyncpg.Pool) -> None:
-        """Claim through ``pool`` from now on (the runtime's dedicated claim pool)."""
-        self._pool = pool
+    def use_pool(self, pool: asyncpg.Pool, keep_connection: bool = False) -> None:
+        """Claim through ``pool`` from now on (the runtime's dedicated claim pool),
+        keeping one of its connections between claims if ``keep_connection``."""
+        self._db = HeldConnection(pool) if keep_connection else pool
 
     def _min_batch(self) -> int:
         """Claims of a busy queue wait (once, `CLAIM_COALESCE`) for this many free slots."""
@@ -116,8 +118,8 @@ class Dispatcher:
         if not jobs:
             return
         try:
-            await self._pool.execute(self._q["attempt_unclaim"], [j.id for j in jobs],
-                                     [j.run_lease for j in jobs])
+            await self._db.execute(self._q["attempt_unclaim"], [j.id for j in jobs],
+                                   [j.run_lease for j in jobs])
         except Exception as exc:  # they stay running, and rescue re-runs them
             log.warning("could not hand back %d jobs claimed ahead from %r: %r",
                         len(jobs), self.cfg.name, exc)
@@ -128,7 +130,11 @@ class Dispatcher:
         try:
             await self._loop()
         finally:
-            await self._unclaim()
+            try:
+                await self._unclaim()
+            finally:
+                if isinstance(self._db, HeldConnection):
+                    await self._db.release()
 
     async def _loop(self) -> None:
         name = self.cfg.name
@@ -161,8 +167,8 @@ class Dispatcher:
                 self._capacity.acquire(name, reserved)
                 started = time.perf_counter()
                 try:
-                    rows = await self._pool.fetch(self._q["attempt_claim"], name, want,
-                                                  deadline, aging)
+                    rows = await self._db.fetch(self._q["attempt_claim"], name, want,
+                                                deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
                 except Exception as exc:
                     # Whatever the driver raises (a killed backend can surface as

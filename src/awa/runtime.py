@@ -51,7 +51,8 @@ from awa.web.health import HealthServer
 log = logging.getLogger("awa.runtime")
 #: Connections of the runtime's own pool (completions, heartbeats, maintenance).
 RUNTIME_POOL_SIZE = 6
-#: Connections of the claim pool (claims, one per queue at a time, and completion batches).
+#: Connections of the claim pool (claims, one per queue at a time, and completion
+#: batches; the flusher and, with few queues, each dispatcher keep theirs).
 CLAIM_POOL_SIZE = 3
 #: How long a LISTEN connection behind a pooler waits for its probe NOTIFY.
 LISTEN_PROBE_TIMEOUT = 3.0
@@ -219,8 +220,12 @@ class Runtime:
         self._executor.use_control_pool(self._runtime_pool)
         for svc in self.services:
             svc.use_pool(self._runtime_pool)
+        # The completion flusher keeps one claim connection; so does each
+        # dispatcher while they leave one to share (a worker of many queues
+        # borrows per claim instead of holding a connection per queue).
+        keep = len(self.dispatchers) < CLAIM_POOL_SIZE
         for d in self.dispatchers.values():
-            d.use_pool(self._claim_pool)
+            d.use_pool(self._claim_pool, keep_connection=keep)
         self.completer.start()
         if self.config.health_addr:
             self.health_server = HealthServer(self.config.health_addr, self._liveness,
