@@ -114,6 +114,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "as Awa's claims do (default: every raw-sql commit is synchronous)",
     )
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
     a.scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     for s in a.systems:
@@ -688,11 +690,11 @@ def median_round(rounds: list[dict]) -> dict:
     plus every round's jobs/s; a round that failed makes the result failed."""
     failed = [r for r in rounds if "error_only" in r or "error" in r
               or not r.get("verify", {}).get("ok")]
+    every = {"round_jobs_per_s": [r.get("jobs_per_s") for r in rounds], "all_rounds": rounds}
     if failed:
-        return {**failed[0], "round_jobs_per_s": [r.get("jobs_per_s") for r in rounds]}
+        return {**failed[0], **every}
     ordered = sorted(rounds, key=lambda r: r["jobs_per_s"])
-    return {**ordered[(len(ordered) - 1) // 2],
-            "round_jobs_per_s": [r["jobs_per_s"] for r in rounds]}
+    return {**ordered[(len(ordered) - 1) // 2], **every}
 
 
 def sc_latency(drv: Driver, admin: Admin, db: str, postmaster, rate: float, seconds: float) -> dict:
