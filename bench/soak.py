@@ -216,12 +216,22 @@ SELECT
   -- XIDs between the oldest running transaction and the next one: how far the
   -- horizon trails right now (rows deleted within that lag cannot be pruned yet).
   (SELECT pg_snapshot_xmax(s)::text::bigint - pg_snapshot_xmin(s)::text::bigint
-     FROM pg_current_snapshot() s)
+     FROM pg_current_snapshot() s),
+  -- The longest statement running in this database for over 5 s: what it is and
+  -- what it waits on (a stalled completion or heartbeat shows up here).
+  (SELECT round(extract(epoch FROM now() - query_start))::int || ' s, '
+          || application_name || ', waits on '
+          || coalesce(wait_event_type || ':' || wait_event, 'nothing') || ': '
+          || left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 140)
+     FROM pg_stat_activity
+     WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+       AND now() - query_start > interval '5 s'
+     ORDER BY query_start LIMIT 1)
 """
 SAMPLE_KEYS = ["jobs_dead", "jobs_live", "jobs_bytes", "done_bytes", "done_dead", "done_live",
                "partitions", "_parts", "dlq_bytes", "dlq_dead", "default_rows", "_lsn",
                "backlog", "jobs_vacuums", "oldest_xact_s", "oldest_xact_db",
-               "horizon_lag_xids"]
+               "horizon_lag_xids", "long_statement"]
 
 SEED_SQL = """
 INSERT INTO awa.jobs_done (id, kind, queue, args, state, priority, attempt, max_attempts,
@@ -448,7 +458,9 @@ def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
                       f"(slowest {tools.fmt(s['claim_max_ms'])} ms)"
                       + (" ckpt" if s["checkpoints"] else "")
                       + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
-                         if s["oldest_xact_s"] > 10 else ""), flush=True)
+                         if s["oldest_xact_s"] > 10 else "")
+                      + (f"  [running {s['long_statement']}]" if s["long_statement"] else ""),
+                      flush=True)
                 k += 1
         produced = prod.wait_event("result", duration + 120)
         prod.finish()
@@ -742,6 +754,14 @@ def markdown(report: dict) -> str:
              f"sampled: {fmt(ss['horizon_lag_xids_max'])} XIDs (fresh: "
              f"{fmt(fs['horizon_lag_xids_max'])}); the dead-tuples plot shows it over time.")
     L.append("")
+    long = [(ph_name, smp["t"], smp["long_statement"])
+            for ph_name, ph in (("fresh", fr), ("soak", so)) for smp in ph["samples"]
+            if smp.get("long_statement")]
+    if long:
+        L.append("Statements running for over 5 s at a sample (the longest one; at most 30 "
+                 "listed):")
+        L += [f"- {name} t={t:.0f}s: {text}" for name, t, text in long[:30]]
+        L.append("")
     if so["dropped_partitions"]:
         L.append("Partitions dropped during the soak: " + ", ".join(
             f"`{d['partition']}` at {d['t'] / 60:.1f} min" for d in so["dropped_partitions"]))
