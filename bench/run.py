@@ -993,6 +993,7 @@ def main() -> None:
             report["skipped"][name] = str(e)
             print(f"[skip] {name}: {e}", flush=True)
 
+    drain_rounds: dict[tuple[str, str], list[dict]] = {}  # (system, drain) -> its rounds
     for scen in args.scenarios:
         rounds = args.rounds if scen in DRAINS else 1
         for rnd, name in ((r, n) for r in range(rounds) for n in drivers):
@@ -1016,8 +1017,7 @@ def main() -> None:
             except Exception as e:  # keep going: one failing system must not kill the run
                 r = {"error_only": f"{type(e).__name__}: {e}"}
             if rounds > 1:
-                runs = report["results"].setdefault(name, {}).setdefault(scen, {"rounds": []})
-                runs["rounds"].append(r)
+                drain_rounds.setdefault((name, scen), []).append(r)
             else:
                 report["results"].setdefault(name, {})[scen] = r
             if "error_only" in r:
@@ -1053,10 +1053,8 @@ def main() -> None:
             except Exception:
                 pass
 
-    for by_scen in report["results"].values():
-        for scen, r in by_scen.items():
-            if "rounds" in r:
-                by_scen[scen] = median_round(r["rounds"])
+    for (name, scen), runs in drain_rounds.items():
+        report["results"].setdefault(name, {})[scen] = median_round(runs)
     report["elapsed_seconds"] = time.time() - t_start
     add_ceiling(report)
     report["ratios"] = ratios(report)
