@@ -465,6 +465,44 @@ async def test_a_reused_claim_plan_reads_only_the_head_of_a_backlog_analyze_neve
     assert _max_rows_read_from_jobs(plan) <= 64, json.dumps(plan, indent=1)
 
 
+def _indexes_read_on_jobs(plan: dict[str, object]) -> set[str]:
+    """How each scan of awa.jobs in an EXPLAIN JSON plan reads it (index or Seq Scan)."""
+    scan = plan.get("Relation Name") == "jobs" and str(plan["Node Type"]).endswith("Scan")
+    here = {str(plan.get("Index Name", plan["Node Type"]))} if scan else set()
+    children = plan.get("Plans", [])
+    assert isinstance(children, list)
+    return here.union(*(_indexes_read_on_jobs(child) for child in children))
+
+
+@pytest.mark.parametrize("plan_mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("statement, arguments", [
+    ("attempt_complete_batch", "(ARRAY[1,2,3]::bigint[], ARRAY[1,1,1]::bigint[], "
+                               "ARRAY[NULL,NULL,NULL]::jsonb[], interval '1 day')"),
+    ("attempt_unclaim", "(ARRAY[1,2,3]::bigint[], ARRAY[1,1,1]::bigint[])"),
+])
+async def test_batch_completions_find_their_jobs_by_id_whatever_analyze_saw(
+        conn: asyncpg.Connection, plan_mode: str, statement: str, arguments: str) -> None:
+    """Completion and unclaim batches look each job up by its primary key.
+
+    With statistics in which few jobs were running (a steady load), PostgreSQL
+    read every running job through jobs_running_idx instead, per batch; that index
+    keeps an entry for each job claimed since the last vacuum, none skippable
+    while any transaction is open, so each batch slowed the next and completions
+    stopped for 30 s in bench/soak.py."""
+    await _insert_backlog(conn, 5000, "available")
+    await _insert_backlog(conn, 3, "running")
+    await conn.execute("ANALYZE awa.jobs")
+    await conn.execute(f"SET plan_cache_mode = {plan_mode}")
+    await conn.execute(f"PREPARE batch AS {queries()[statement]}")
+    try:
+        explained = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE batch{arguments}")
+    finally:
+        await conn.execute("DEALLOCATE batch")
+        await conn.execute("RESET plan_cache_mode")
+    plan = explained[0]["Plan"]  # the connection decodes json
+    assert _indexes_read_on_jobs(plan) == {"jobs_pkey"}, json.dumps(plan, indent=1)
+
+
 @dataclass
 class Backlog:
     pass

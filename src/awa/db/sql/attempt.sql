@@ -63,7 +63,7 @@ WITH back AS (
     SET state = 'available', attempt = greatest(j.attempt - 1, 0),
         heartbeat_at = NULL, deadline_at = NULL
     FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
-    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state = 'running'
+    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state::text = 'running'  -- by id, see below
     RETURNING j.queue
 )
 SELECT count(*) AS n, pg_notify('awa_jobs', queue) FROM back GROUP BY queue
@@ -97,11 +97,17 @@ SELECT o.id, b.id IS NOT NULL AS written FROM owned o LEFT JOIN beat b ON b.id =
 -- No explicit row lock first (it would cost a WAL record per job): the
 -- DELETE locks each row itself and re-checks the guard against the newest
 -- version. Heartbeats skip locked rows, so they cannot deadlock with it.
+-- Rows are found by id only: written as state = 'running', the guard lets the
+-- planner read every running job through jobs_running_idx instead (statistics
+-- say few are running), and that index holds an entry for every job claimed
+-- since the last vacuum; while any transaction stays open none of them can be
+-- skipped, each batch slows the next, and completions stopped for 30 s
+-- (bench/soak.py). The text comparison cannot use that partial index.
 WITH c AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, output)
 ), moved AS (
     DELETE FROM awa.jobs j USING c
-    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state = 'running'
+    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state::text = 'running'
     RETURNING j, c.output
 ), done AS (
     INSERT INTO awa.jobs_done
