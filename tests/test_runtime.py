@@ -503,6 +503,37 @@ async def test_batch_completions_find_their_jobs_by_id_whatever_analyze_saw(
     assert _indexes_read_on_jobs(plan) == {"jobs_pkey"}, json.dumps(plan, indent=1)
 
 
+def _loops_of_cte(plan: dict[str, object], name: str) -> list[int]:
+    """Actual Loops of every scan of CTE `name` in an EXPLAIN ANALYZE JSON plan."""
+    here = [int(str(plan["Actual Loops"]))] if plan.get("CTE Name") == name else []
+    children = plan.get("Plans", [])
+    assert isinstance(children, list)
+    return here + [n for child in children for n in _loops_of_cte(child, name)]
+
+
+async def test_a_heartbeat_of_many_attempts_reads_what_it_wrote_once(
+        conn: asyncpg.Connection) -> None:
+    """A heartbeat pass is linear in its attempts whatever ANALYZE saw.
+
+    It reported each attempt as owned and written by joining the rows it found
+    to the rows it updated; estimating few running jobs, PostgreSQL rescanned
+    the updated rows once per attempt (3 s for 6,000 attempts; the soak's stalled
+    worker, heartbeating tens of thousands of unwritten completions, hit the
+    30-s statement timeout). Here: 600 attempts among 20,000 queued jobs."""
+    await _insert_backlog(conn, 20000, "available")
+    await _insert_backlog(conn, 600, "running")
+    await conn.execute("ANALYZE awa.jobs")
+    ids = [r["id"] for r in await conn.fetch(
+        "SELECT id FROM awa.jobs WHERE state = 'running' ORDER BY id")]
+    args = (ids, [0] * len(ids), [None] * len(ids))
+    sql = queries()["attempt_heartbeat"]
+    explained = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
+    plan = explained[0]["Plan"]
+    assert _loops_of_cte(plan, "beat") == [1], json.dumps(plan, indent=1)
+    rows = await conn.fetch(sql, *args)
+    assert sorted((r["id"], r["written"]) for r in rows) == [(i, True) for i in ids]
+
+
 @dataclass
 class Backlog:
     pass
