@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -428,12 +429,19 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
                      message="2,000 jobs of the backlog")
 
 
-def _max_rows_read_from_jobs(plan: dict[str, object]) -> int:
-    """The most rows any scan of awa.jobs produced in an EXPLAIN ANALYZE JSON plan."""
-    here = int(float(str(plan["Actual Rows"]))) if plan.get("Relation Name") == "jobs" else 0
+def _plan_nodes(plan: dict[str, object]) -> Iterator[dict[str, object]]:
+    """Every node of an EXPLAIN JSON plan, each before its children."""
+    yield plan
     children = plan.get("Plans", [])
     assert isinstance(children, list)
-    return max([here, *(_max_rows_read_from_jobs(child) for child in children)])
+    for child in children:
+        yield from _plan_nodes(child)
+
+
+def _max_rows_read_from_jobs(plan: dict[str, object]) -> int:
+    """The most rows any scan of awa.jobs produced in an EXPLAIN ANALYZE JSON plan."""
+    return max([0, *(int(float(str(node["Actual Rows"]))) for node in _plan_nodes(plan)
+                     if node.get("Relation Name") == "jobs")])
 
 
 async def test_a_reused_claim_plan_reads_only_the_head_of_a_backlog_analyze_never_saw(
@@ -467,11 +475,8 @@ async def test_a_reused_claim_plan_reads_only_the_head_of_a_backlog_analyze_neve
 
 def _indexes_read_on_jobs(plan: dict[str, object]) -> set[str]:
     """How each scan of awa.jobs in an EXPLAIN JSON plan reads it (index or Seq Scan)."""
-    scan = plan.get("Relation Name") == "jobs" and str(plan["Node Type"]).endswith("Scan")
-    here = {str(plan.get("Index Name", plan["Node Type"]))} if scan else set()
-    children = plan.get("Plans", [])
-    assert isinstance(children, list)
-    return here.union(*(_indexes_read_on_jobs(child) for child in children))
+    return {str(node.get("Index Name", node["Node Type"])) for node in _plan_nodes(plan)
+            if node.get("Relation Name") == "jobs" and str(node["Node Type"]).endswith("Scan")}
 
 
 @pytest.mark.parametrize("plan_mode", ["force_generic_plan", "force_custom_plan"])
@@ -505,10 +510,8 @@ async def test_batch_completions_find_their_jobs_by_id_whatever_analyze_saw(
 
 def _loops_of_cte(plan: dict[str, object], name: str) -> list[int]:
     """Actual Loops of every scan of CTE `name` in an EXPLAIN ANALYZE JSON plan."""
-    here = [int(str(plan["Actual Loops"]))] if plan.get("CTE Name") == name else []
-    children = plan.get("Plans", [])
-    assert isinstance(children, list)
-    return here + [n for child in children for n in _loops_of_cte(child, name)]
+    return [int(str(node["Actual Loops"])) for node in _plan_nodes(plan)
+            if node.get("CTE Name") == name]
 
 
 async def test_a_heartbeat_of_many_attempts_reads_what_it_wrote_once(
