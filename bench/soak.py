@@ -1,25 +1,29 @@
 #!/usr/bin/env python3
 """Soak: a steady load on top of a big history, against a fresh database (issue 9, item 3).
 
-    python bench/soak.py                       # 30 min, 10M jobs of history, 70% of peak
-    python bench/soak.py --minutes 0.5 --history 20000 --baseline-minutes 0.5   # smoke
+    python bench/soak.py                       # 30 min each, 10M jobs of history, 70% of peak
+    python bench/soak.py --minutes 1 --blocks 2 --history 20000     # smoke (about 3 min)
 
 1. **Peak**: bulk-insert --peak-jobs no-op jobs into a fresh database and drain
    them with one worker process (concurrency 32) → jobs/s (skip with --peak R).
-2. **Fresh**: a freshly migrated database, no history; a producer offers
-   --rate-fraction x peak jobs/s for --baseline-minutes to one worker process.
-3. **Soak**: a fresh database seeded with --history finished jobs in
-   awa.jobs_done (hourly partitions, prune_after spread over [now-1h, now+23h],
-   1 in 500 failed), then the same offered load for --minutes.
+2. **Two databases**: "fresh", freshly migrated, and "soak", the same seeded
+   with --history finished jobs in awa.jobs_done (hourly partitions,
+   prune_after spread over [now-1h, now+23h], 1 in 500 failed). Each has one
+   worker process running from start to end.
+3. **Load in alternating blocks**: a producer offers --rate-fraction x peak
+   jobs/s to one database at a time, --minutes in all for each, in --blocks
+   blocks each, ordered S F F S S F F S ...: both databases meet the same
+   shared machine (its neighbours' load drifts by half over half an hour).
 
 The producer inserts what is due every 10 ms with one COPY (enqueue_many_copy),
 each job carrying sent_at = time.time() taken just before its insert; the
 handler's first action records time.time() - sent_at (pickup latency).  Every
 --sample-seconds the orchestrator reads the worker's window (jobs handled,
-pickup p50/p99) and the database: n_dead_tup and total size of awa.jobs,
-awa.jobs_done (all partitions) and awa.dlq, partition count, expired
-partitions still present, WAL written.  Output: bench/results/soak.json,
-soak.md and soak_{throughput,p99,dead_tuples,table_size}.png.
+pickup p50/p99, slowest claim and completion batch) and the database: n_dead_tup
+and total size of awa.jobs, awa.jobs_done (all partitions) and awa.dlq, partition
+count, expired partitions still present, WAL written, and the longest statement
+a 100-ms probe saw running.  Output: bench/results/soak.json, soak.md and
+soak_{throughput,p99,dead_tuples,table_size}.png.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ import os
 import sys
 import time
 from array import array
-from contextlib import closing
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DB = "bench_soak"
+DB = "bench_soak"  # the database with the history
+DB_FRESH = "bench_soak_fresh"
 QUEUE = "bench"
 CONCURRENCY = 32
 
@@ -97,6 +101,22 @@ async def role_worker(a) -> None:
 
     awa_telemetry.claim_round = claim_round
 
+    # Completion batches per window, and the slowest: claims wait while completions
+    # are not written as fast as jobs finish, so a slow batch stops pickup too.
+    from awa import completion as awa_completion
+    real_flush = awa_completion.Completer._flush
+
+    async def timed_flush(self, batch):
+        t = time.perf_counter()
+        try:
+            return await real_flush(self, batch)
+        finally:
+            diag["flushes"] += 1
+            diag["flush_max"] = max(diag["flush_max"], time.perf_counter() - t)
+
+    awa_completion.Completer._flush = timed_flush
+    diag.update(flushes=0, flush_max=0.0)
+
     async def loop_lag() -> None:
         while True:
             t = time.perf_counter()
@@ -133,9 +153,10 @@ async def role_worker(a) -> None:
                        "p50_ms": _q(win, 0.50), "p99_ms": _q(win, 0.99),
                        "max_ms": win[-1] * 1000 if win else None,
                        "loop_lag_ms": stall["lag"] * 1000, "gc_ms": stall["gc"] * 1000,
-                       "claims": diag["claims"], "claim_max_ms": diag["claim_max"] * 1000})
+                       "claims": diag["claims"], "claim_max_ms": diag["claim_max"] * 1000,
+                       "flushes": diag["flushes"], "flush_max_ms": diag["flush_max"] * 1000})
         stall["lag"] = stall["gc"] = 0.0
-        diag["claims"], diag["claim_max"] = 0, 0.0
+        diag.update(claims=0, claim_max=0.0, flushes=0, flush_max=0.0)
     ptask.cancel()
     lag_task.cancel()
     await client.shutdown(timeout_ms=5000)
@@ -163,6 +184,12 @@ async def role_produce(a) -> None:
 
     BenchJob = _job_type()
     client = awa.AsyncClient(a.url, max_connections=2)
+    await client.pool()  # connected before the clock starts
+    stdin = benchkit._Stdin(asyncio.get_running_loop())
+    benchkit.emit({"event": "ready"})
+    if await stdin.expect("go") != "go":
+        await client.close()
+        return
     total = round(a.rate * a.duration)
     tick = 0.01
     sent = batches = 0
@@ -305,10 +332,9 @@ def host_cpu() -> tuple[int, int, int]:
     return user + nice + system + irq + softirq, steal, sum(v)
 
 
-class CommitProbe:
-    """A thread that commits a one-row transaction every 100 ms on its own
-    connection: its slowest commit per window shows a server-wide stall (a WAL
-    flush held up by the disk, a lock), whatever the worker was doing."""
+class _Probe:
+    """A thread that runs one look at the server every 100 ms on its own connection
+    and keeps the worst it saw per window (``take``)."""
 
     def __init__(self, url: str) -> None:
         import threading
@@ -318,29 +344,76 @@ class CommitProbe:
         self._conn = psycopg.connect(url, autocommit=True)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._max = 0.0
+        self._max, self._what = 0.0, None
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _look(self) -> tuple[float, str | None]:
+        """One look: (ms, what it saw)."""
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
             t = time.perf_counter()
-            self._conn.execute("SELECT pg_current_xact_id()")  # an XID, so a WAL flush
-            took = time.perf_counter() - t
+            ms, what = self._look()
             with self._lock:
-                self._max = max(self._max, took)
-            self._stop.wait(max(0.0, 0.1 - took))
+                if ms > self._max:
+                    self._max, self._what = ms, what
+            self._stop.wait(max(0.0, 0.1 - (time.perf_counter() - t)))
 
-    def take(self) -> float:
-        """The slowest commit since the last call, in ms."""
+    def take(self) -> tuple[float, str | None]:
+        """The worst since the last call: (ms, what)."""
         with self._lock:
-            out, self._max = self._max, 0.0
-        return out * 1000
+            out = (self._max, self._what)
+            self._max, self._what = 0.0, None
+        return out
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
         self._conn.close()
+
+
+class CommitProbe(_Probe):
+    """Commits a one-row transaction: its slowest commit per window shows a
+    server-wide stall (a WAL flush held up by the disk, a lock), whatever the
+    worker was doing."""
+
+    def _look(self) -> tuple[float, str | None]:
+        t = time.perf_counter()
+        self._conn.execute("SELECT pg_current_xact_id()")  # an XID, so a WAL flush
+        return (time.perf_counter() - t) * 1000, None
+
+
+ACTIVITY_SQL = r"""
+SELECT (extract(epoch FROM clock_timestamp() - a.query_start) * 1000)::float8,
+       a.application_name || ', ' || coalesce(a.wait_event_type || ':' || a.wait_event, 'on CPU')
+       || ': ' || left(regexp_replace(regexp_replace(a.query, '^(\s*--[^\n]*\n)+', ''),
+                                      '\s+', ' ', 'g'), 100)
+       || coalesce(' — blocked by ' || (
+           SELECT string_agg(b.application_name || ' (' || b.state || ', '
+                             || coalesce(b.wait_event_type || ':' || b.wait_event, 'on CPU')
+                             || '): ' || left(regexp_replace(b.query, '\s+', ' ', 'g'), 80),
+                             '; ')
+           FROM pg_stat_activity b WHERE b.pid = ANY (pg_blocking_pids(a.pid))
+             AND a.wait_event_type = 'Lock'), '')
+FROM pg_stat_activity a
+WHERE a.datname = current_database() AND a.state = 'active' AND a.pid <> pg_backend_pid()
+  AND a.backend_type = 'client backend'
+  AND regexp_replace(a.query, '^(\s*--[^\n]*\n)+', '') NOT LIKE 'VACUUM%'
+ORDER BY a.query_start LIMIT 1
+"""
+
+
+class ActivityProbe(_Probe):
+    """Reads pg_stat_activity: the statement seen running longest per window
+    (VACUUM aside: the leader's runs for seconds by design), what it waited on
+    and, for a lock wait, who held the lock. A stall of the worker's completions
+    or claims names its cause here."""
+
+    def _look(self) -> tuple[float, str | None]:
+        row = self._conn.execute(ACTIVITY_SQL).fetchone()
+        return (row[0], row[1]) if row is not None else (0.0, None)
 
 
 def sample_db(conn) -> dict:
@@ -360,125 +433,198 @@ def checkpoint_totals(conn) -> tuple[int, float]:
     return int(n), float(sync_ms)
 
 
-def run_phase(tools, drv, admin, name: str, rate: float, minutes: float, sample_s: float,
-              history: int) -> dict:
-    tools.bench.fresh_db(drv, admin, DB)
-    spawned: list = []
-    try:
-        return _phase(tools, drv, name, rate, minutes, sample_s, history, spawned)
-    finally:
-        for p in spawned:  # our own children, by their handles (only if something failed)
-            if p.p.poll() is None:
-                p.p.kill()
+class Arm:
+    """One database of the comparison: its connection, its worker process (running
+    for the whole comparison, idle between its blocks), its probes and samples."""
 
+    def __init__(self, tools, drv, name: str, db: str, history: int, seeded) -> None:
+        import psycopg
 
-def _phase(tools, drv, name, rate, minutes, sample_s, history, spawned) -> dict:
-    import psycopg
-
-    seeded = None
-    with psycopg.connect(drv.url, autocommit=True) as conn:
+        self.name, self.db, self.history, self.seeded = name, db, history, seeded
+        self.url = tools.bench.db_url(drv.url, db)
+        self.conn = psycopg.connect(self.url, autocommit=True)
         # The sampler's counts stay on one core: a parallel scan every window
         # would take both of this machine's cores from the system under test.
-        conn.execute("SET max_parallel_workers_per_gather = 0")
-        if history:
-            print(f"[{name}] seeding {history:,} finished jobs of history ...", flush=True)
-            seeded = seed_history(conn, history)
-        conn.execute("ANALYZE")
-        duration = minutes * 60
-        warmup = min(30.0, 0.2 * duration)
-        worker = tools.role(drv, __file__, "--role", "worker")
-        spawned.append(worker)
-        worker.wait_event("ready", 180)
-        worker.send("go")
-        worker.wait_event("started", 120)
-        prev = sample_db(conn)
-        prod = tools.role(drv, __file__, "--role", "produce", "--rate", str(rate),
-                          "--duration", str(duration), "--seq0", "0")
-        spawned.append(prod)
+        self.conn.execute("SET max_parallel_workers_per_gather = 0")
+        self.worker = tools.role(drv, __file__, "--role", "worker", url=self.url)
+        self.probe = CommitProbe(self.url)
+        self.activity = ActivityProbe(self.url)
+        self.samples: list[dict] = []
+        self.dropped: list[dict] = []
+        self.produced: list[dict] = []
+        self.parts: set[str] | None = None
+        self.first_block_at: float | None = None
+
+    def close(self) -> None:
+        for p in (self.probe, self.activity):
+            p.close()
+        if self.worker.p.poll() is None:
+            self.worker.p.kill()
+        self.conn.close()
+
+    @property
+    def sent(self) -> int:
+        return sum(p["n"] for p in self.produced)
+
+
+def block_order(blocks: int) -> list[int]:
+    """Which arm (0 fresh, 1 soak) runs each block: S F F S S F F S ..., so a drift
+    of the machine over the run weighs on both arms alike. The soak goes first:
+    its worker's first cleanup pass (a minute after start) drops the expired
+    partitions of the history under load."""
+    return [1 - ((i % 2) ^ ((i // 2) % 2)) for i in range(2 * blocks)]
+
+
+def run_comparison(tools, drv, admin, rate: float, minutes: float, blocks: int,
+                   sample_s: float, history: int) -> tuple[dict, dict]:
+    """The fresh and the history database, each with a worker running throughout;
+    the offered load alternates between them in ``blocks`` blocks each."""
+    tools.bench.fresh_db(drv, admin, DB)
+    admin.reset(DB_FRESH, template=DB + "_tpl")
+    seeded = None
+    arms: list[Arm] = []
+    try:
+        import psycopg
+
+        with psycopg.connect(tools.bench.db_url(drv.url, DB), autocommit=True) as conn:
+            conn.execute("SET max_parallel_workers_per_gather = 0")
+            print(f"[soak] seeding {history:,} finished jobs of history ...", flush=True)
+            seeded = seed_history(conn, history) if history else None
+        for name, db, hist in (("fresh", DB_FRESH, 0), ("soak", DB, history)):
+            arm = Arm(tools, drv, name, db, hist, seeded if hist else None)
+            arms.append(arm)
+            arm.conn.execute("ANALYZE")
+        for arm in arms:
+            arm.worker.wait_event("ready", 180)
+            arm.worker.send("go")
+            arm.worker.wait_event("started", 120)
+        block_s = minutes * 60 / blocks
+        warmup = min(30.0, 0.2 * block_s)
+        print(f"[soak] {rate:,.0f} jobs/s offered in {2 * blocks} blocks of {block_s:.0f}s, "
+              f"alternating fresh / soak, sampling every {sample_s:g}s", flush=True)
         t0 = time.time()
+        for i, which in enumerate(block_order(blocks)):
+            run_block(tools, drv, arms[which], i, rate, block_s, sample_s, warmup, t0)
+        out = [finish_arm(arm, rate, minutes, sample_s, warmup, blocks) for arm in arms]
+    finally:
+        for arm in arms:
+            arm.close()
+    return out[0], out[1]
+
+
+def run_block(tools, drv, arm: Arm, block: int, rate: float, block_s: float,
+              sample_s: float, warmup: float, t0: float) -> None:
+    """One block of offered load on one arm, sampled every ``sample_s``; returns
+    once its worker has handled every job produced so far."""
+    conn, worker = arm.conn, arm.worker
+    worker.send("sample")  # a fresh window, discarded: the block starts from here
+    w = worker.wait_event("sample", 30)
+    prev_t, prev_handled = w["t"], w["handled"]
+    prev = sample_db(conn)
+    lsn_prev = prev["_lsn"]
+    if arm.parts is None:
+        arm.parts = set(prev["_parts"] or [])
+    prod = tools.role(drv, __file__, "--role", "produce", "--rate", str(rate),
+                      "--duration", str(block_s), "--seq0", str(arm.sent), url=arm.url)
+    try:
+        prod.wait_event("ready", 60)
+        prod.send("go")
+        start = time.time()
+        if arm.first_block_at is None:
+            arm.first_block_at = start
         cpu_prev = host_cpu()
-        # Closed when sampling ends, and on any error (its thread would outlive the run).
-        with closing(CommitProbe(drv.url)) as probe:
-            ckpt_prev = checkpoint_totals(conn)
-            print(f"[{name}] {rate:,.0f} jobs/s offered for {duration:.0f}s, sampling every "
-                  f"{sample_s:g}s", flush=True)
-            samples, dropped = [], []
-            prev_t, prev_handled = t0, 0
-            lsn_prev = prev["_lsn"]
-            parts_prev = {p: None for p in prev["_parts"] or []}
-            k = 1
-            while True:
-                due = t0 + k * sample_s
-                if due > t0 + duration + 0.5:
-                    break
-                time.sleep(max(0.0, due - time.time()))
-                warm = due - t0 > warmup
-                worker.send("sample-warm" if warm else "sample")
-                w = worker.wait_event("sample", 30)
-                d = sample_db(conn)
-                cpu = host_cpu()
-                span = (cpu[2] - cpu_prev[2]) or 1
-                d["host_busy_pct"] = 100.0 * (cpu[0] - cpu_prev[0]) / span
-                d["host_steal_pct"] = 100.0 * (cpu[1] - cpu_prev[1]) / span
-                cpu_prev = cpu
-                ckpt = checkpoint_totals(conn)
-                d["checkpoints"] = ckpt[0] - ckpt_prev[0]  # finished in this window
-                d["checkpoint_sync_ms"] = ckpt[1] - ckpt_prev[1]
-                ckpt_prev = ckpt
-                for key in ("loop_lag_ms", "gc_ms", "claims", "claim_max_ms"):
-                    d[key] = w.get(key)  # the worker's own view of this window
-                d["commit_max_ms"] = probe.take()
-                wal = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
-                                   (d["_lsn"], lsn_prev)).fetchone()[0]
-                parts = set(d.pop("_parts") or [])
-                for p in sorted(set(parts_prev) - parts):
-                    dropped.append({"t": w["t"] - t0, "partition": p})
-                parts_prev = {p: None for p in parts}
-                now_h = time.time()
-                d["expired_partitions"] = sum(
-                    1 for p in parts
-                    if (h := part_hour(p)) is not None and h.timestamp() + 3600 <= now_h - 180)
-                d.pop("_lsn")
-                lsn_prev = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
-                handled = w["handled"]
-                s = {"t": w["t"] - t0, "warm": warm,
-                     "jobs_per_s": (handled - prev_handled) / (w["t"] - prev_t),
-                     "handled": handled, "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
-                     "max_ms": w["max_ms"], "n": w["n"], "worker_cpu_s": w["cpu"],
-                     "wal_bytes": wal, **d}
-                samples.append(s)
-                prev_t, prev_handled = w["t"], handled
-                print(f"  t={s['t']:6.0f}s {s['jobs_per_s']:8,.0f} jobs/s  p50 "
-                      f"{tools.fmt(s['p50_ms'])} p99 {tools.fmt(s['p99_ms'])} ms  dead "
-                      f"{s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} MiB  done "
-                      f"{s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
-                      f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% "
-                      f"steal {s['host_steal_pct']:.1f}%  lag {tools.fmt(s['loop_lag_ms'])} ms"
-                      + f"  commit {tools.fmt(s['commit_max_ms'])} ms  claims {s['claims']} "
-                      f"(slowest {tools.fmt(s['claim_max_ms'])} ms)"
-                      + (" ckpt" if s["checkpoints"] else "")
-                      + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
-                         if s["oldest_xact_s"] > 10 else "")
-                      + (f"  [running {s['long_statement']}]" if s["long_statement"] else ""),
-                      flush=True)
-                k += 1
-        produced = prod.wait_event("result", duration + 120)
+        ckpt_prev = checkpoint_totals(conn)
+        arm.probe.take(), arm.activity.take()  # what they saw before the block
+        print(f"[{arm.name}] block {block + 1}: {block_s:.0f}s from t={start - t0:.0f}s",
+              flush=True)
+        k = 1
+        while start + k * sample_s <= start + block_s + 0.5:
+            due = start + k * sample_s
+            time.sleep(max(0.0, due - time.time()))
+            warm = due - arm.first_block_at > warmup
+            worker.send("sample-warm" if warm else "sample")
+            w = worker.wait_event("sample", 30)
+            d = sample_db(conn)
+            cpu = host_cpu()
+            span = (cpu[2] - cpu_prev[2]) or 1
+            d["host_busy_pct"] = 100.0 * (cpu[0] - cpu_prev[0]) / span
+            d["host_steal_pct"] = 100.0 * (cpu[1] - cpu_prev[1]) / span
+            cpu_prev = cpu
+            ckpt = checkpoint_totals(conn)
+            d["checkpoints"] = ckpt[0] - ckpt_prev[0]  # finished in this window
+            d["checkpoint_sync_ms"] = ckpt[1] - ckpt_prev[1]
+            ckpt_prev = ckpt
+            for key in ("loop_lag_ms", "gc_ms", "claims", "claim_max_ms", "flushes",
+                        "flush_max_ms"):
+                d[key] = w.get(key)  # the worker's own view of this window
+            d["commit_max_ms"] = arm.probe.take()[0]
+            d["statement_max_ms"], d["statement_max"] = arm.activity.take()
+            d["wal_bytes"] = conn.execute(
+                "SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
+                (d.pop("_lsn"), lsn_prev)).fetchone()[0]
+            lsn_prev = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+            parts = set(d.pop("_parts") or [])
+            arm.dropped += [{"t": w["t"] - t0, "partition": p}
+                            for p in sorted(arm.parts - parts)]
+            arm.parts = parts
+            d["expired_partitions"] = sum(
+                1 for p in parts
+                if (h := part_hour(p)) is not None and h.timestamp() + 3600 <= time.time() - 180)
+            handled = w["handled"]
+            s = {"t": w["t"] - t0, "block": block, "warm": warm,
+                 "jobs": handled - prev_handled,
+                 "jobs_per_s": (handled - prev_handled) / (w["t"] - prev_t),
+                 "handled": handled, "p50_ms": w["p50_ms"], "p99_ms": w["p99_ms"],
+                 "max_ms": w["max_ms"], "n": w["n"], "worker_cpu_s": w["cpu"], **d}
+            arm.samples.append(s)
+            prev_t, prev_handled = w["t"], handled
+            print_sample(tools, s)
+            k += 1
+        arm.produced.append(prod.wait_event("result", block_s + 120))
+    finally:
         prod.finish()
-        deadline = time.monotonic() + 120
-        while worker.handled < produced["n"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        worker.send("stop")
-        res = worker.wait_event("result", 60)
-        worker.finish()
-        left = conn.execute("SELECT count(*) FROM awa.jobs").fetchone()[0]
-        done = conn.execute(
-            "SELECT count(*), count(DISTINCT args->>'seq') FROM awa.jobs_done "
-            "WHERE id > %s AND state = 'completed'", (history,)).fetchone()
-    out = {"name": name, "rate": rate, "minutes": minutes, "history": history,
-           "sample_s": sample_s,
-           "seeded": seeded, "warmup_s": warmup, "producer": produced, "worker": res,
-           "samples": samples, "dropped_partitions": dropped,
-           "verify": {"produced": produced["n"], "handled": res["handled"],
+    deadline = time.monotonic() + 120
+    while worker.handled < arm.sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def print_sample(tools, s: dict) -> None:
+    fmt = tools.fmt
+    print(f"  t={s['t']:6.0f}s {s['jobs_per_s']:8,.0f} jobs/s  p50 {fmt(s['p50_ms'])} p99 "
+          f"{fmt(s['p99_ms'])} ms  dead {s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} "
+          f"MiB  done {s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
+          f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% steal "
+          f"{s['host_steal_pct']:.1f}%  lag {fmt(s['loop_lag_ms'])} ms  commit "
+          f"{fmt(s['commit_max_ms'])} ms  claims {s['claims']} (slowest "
+          f"{fmt(s['claim_max_ms'])} ms)  batches {s['flushes']} (slowest "
+          f"{fmt(s['flush_max_ms'])} ms)"
+          + (" ckpt" if s["checkpoints"] else "")
+          + (f"  [xact open {s['oldest_xact_s']:.0f}s in {s['oldest_xact_db']}]"
+             if s["oldest_xact_s"] > 10 else "")
+          + (f"  [seen {s['statement_max_ms']:.0f} ms: {s['statement_max']}]"
+             if (s["statement_max_ms"] or 0) >= SEEN_MS
+             else "")
+          + (f"  [running {s['long_statement']}]" if s["long_statement"] else ""),
+          flush=True)
+
+
+def finish_arm(arm: Arm, rate: float, minutes: float, sample_s: float, warmup: float,
+               blocks: int) -> dict:
+    """Stop the arm's worker and check that every job it was offered completed once."""
+    arm.worker.send("stop")
+    res = arm.worker.wait_event("result", 60)
+    arm.worker.finish()
+    left = arm.conn.execute("SELECT count(*) FROM awa.jobs").fetchone()[0]
+    done = arm.conn.execute(
+        "SELECT count(*), count(DISTINCT args->>'seq') FROM awa.jobs_done "
+        "WHERE id > %s AND state = 'completed'", (arm.history,)).fetchone()
+    produced = {"n": arm.sent,
+                "max_behind_s": max((p["max_behind_s"] for p in arm.produced), default=None)}
+    out = {"name": arm.name, "rate": rate, "minutes": minutes, "blocks": blocks,
+           "history": arm.history, "sample_s": sample_s, "seeded": arm.seeded,
+           "warmup_s": warmup, "producer": produced, "worker": res, "samples": arm.samples,
+           "dropped_partitions": arm.dropped,
+           "verify": {"produced": arm.sent, "handled": res["handled"],
                       "completed": done[0], "completed_distinct": done[1], "left": left}}
     v = out["verify"]
     v["ok"] = v["produced"] == v["handled"] == v["completed"] == v["completed_distinct"] \
@@ -500,11 +646,15 @@ def _median(xs):
 def summarize(ph: dict) -> dict:
     ss = ph["samples"]
     warm = [s for s in ss if s["warm"]] or ss
-    seg = max(1, len(warm) // 3)
     half = max(1, len(ss) // 2)
-    first, last = warm[:seg], warm[-seg:]
-    jobs = sum(s["handled"] - (ss[i - 1]["handled"] if i else 0)
-               for i, s in enumerate(ss) if s["warm"] or warm is ss)
+    # Thirds of the run by this database's blocks: with blocks alternating, the
+    # two databases' thirds cover the same stretches of time.
+    blocks = sorted({s["block"] for s in ss})
+    n3 = max(1, len(blocks) // 3)
+    thirds = [[s for s in warm if s["block"] in part]
+              for part in (blocks[:n3], blocks[n3:len(blocks) - n3] or blocks, blocks[-n3:])]
+    first, last = thirds[0], thirds[-1]
+    jobs = sum(s["jobs"] for s in warm)
     wal = sum(s["wal_bytes"] for s in warm)
 
     def peak_of(key, part):
@@ -518,8 +668,7 @@ def summarize(ph: dict) -> dict:
         "first_jobs_per_s": _mean(s["jobs_per_s"] for s in first),
         "last_jobs_per_s": _mean(s["jobs_per_s"] for s in last),
         "window_p99_ms": _median(s["p99_ms"] for s in warm),
-        "first_p99_ms": _median(s["p99_ms"] for s in first),
-        "last_p99_ms": _median(s["p99_ms"] for s in last),
+        "thirds_p99_ms": [_median(s["p99_ms"] for s in part) for part in thirds],
         "wal_per_job": wal / jobs if jobs else None,
         "jobs_dead_max_first_half": peak_of("jobs_dead", ss[:half]),
         "jobs_dead_max_second_half": peak_of("jobs_dead", ss[half:]),
@@ -554,8 +703,11 @@ STEAL_PCT = 5.0  # hypervisor steal that counts as "the machine was taken away"
 QUIET_STEAL_PCT = 1.0  # mean steal above this: the run says more about the neighbours
 LOOP_STALL_MS = 100.0  # the worker's event loop did not run for this long
 COMMIT_STALL_MS = 200.0  # the probe's one-row commit took this long
+SEEN_MS = 100.0  # a statement seen running this long is named in the window's line
 #: What a slow window is checked against, in the report's order.
-CAUSES = ("steal", "checkpoint", "worker stalled", "commits stalled", "partition drop")
+CAUSES = ("steal", "checkpoint", "worker stalled", "commits stalled", "partition drop",
+          "slow statement")
+STATEMENT_STALL_MS = 500.0  # a statement the activity probe saw running this long
 
 
 def slow_windows(ph: dict) -> list[dict]:
@@ -571,7 +723,7 @@ def slow_windows(ph: dict) -> list[dict]:
     for i, s in enumerate(ss):
         if not s["warm"] or (s["p99_ms"] or 0) <= bar:
             continue
-        both = ss[max(0, i - 1):i + 1]
+        both = [x for x in ss[max(0, i - 1):i + 1] if x["block"] == s["block"]]
         out.append({
             "t": s["t"], "p99_ms": s["p99_ms"], "backlog": s["backlog"],
             "steal_pct": max(x.get("host_steal_pct", 0.0) for x in both),
@@ -580,13 +732,17 @@ def slow_windows(ph: dict) -> list[dict]:
             "commit_max_ms": max((x.get("commit_max_ms") or 0.0) for x in both),
             "claim_max_ms": max((x.get("claim_max_ms") or 0.0) for x in both),
             "gc_ms": max((x.get("gc_ms") or 0.0) for x in both),
+            "flush_max_ms": max((x.get("flush_max_ms") or 0.0) for x in both),
+            "statement_max_ms": max((x.get("statement_max_ms") or 0.0) for x in both),
+            "statement": max(both, key=lambda x: x.get("statement_max_ms") or 0.0)
+            .get("statement_max"),
             "partition_drop": any(both[0]["t"] - ph["sample_s"] <= t <= s["t"]
                                   for t in drops),
         })
     for w in out:
         hits = (w["steal_pct"] >= STEAL_PCT, w["checkpoint"],
                 w["loop_lag_ms"] >= LOOP_STALL_MS, w["commit_max_ms"] >= COMMIT_STALL_MS,
-                w["partition_drop"])
+                w["partition_drop"], w["statement_max_ms"] >= STATEMENT_STALL_MS)
         w["causes"] = [name for name, hit in zip(CAUSES, hits, strict=True) if hit]
     return out
 
@@ -627,10 +783,13 @@ def checks(fresh: dict, soak: dict) -> list[dict]:
     add("soak throughput, last third ÷ first third",
         s["last_jobs_per_s"] / s["first_jobs_per_s"] if s["first_jobs_per_s"] else None,
         "0.90–1.10", _within(s["last_jobs_per_s"], s["first_jobs_per_s"], 0.10))
-    add("soak pickup p99 (median of windows), last third ÷ first third",
-        s["last_p99_ms"] / s["first_p99_ms"] if s["first_p99_ms"] else None, "≤ 1.10",
-        s["first_p99_ms"] and s["last_p99_ms"] is not None
-        and s["last_p99_ms"] <= 1.10 * s["first_p99_ms"])
+    # Staying within 10% as the run goes on: each third of the soak against the
+    # fresh database's blocks of the same stretch of time.
+    rs = [a / b if a and b else None
+          for a, b in zip(s["thirds_p99_ms"], f["thirds_p99_ms"], strict=True)]
+    add("pickup p99 (median of windows), soak ÷ fresh, in each third of the run",
+        " / ".join(f"{r:.2f}" if r is not None else "–" for r in rs), "≤ 1.10 each",
+        all(r is not None and r <= 1.10 for r in rs))
     add("awa.jobs dead tuples: max of 2nd half vs 1st half",
         f"{s['jobs_dead_max_second_half']:,} vs {s['jobs_dead_max_first_half']:,}",
         "≤ max(1.25 × 1st half, 20,000)",
@@ -653,6 +812,19 @@ def checks(fresh: dict, soak: dict) -> list[dict]:
     return out
 
 
+def _block_series(samples: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(minutes, values) of one series, broken (NaN) between blocks."""
+    t: list[float] = []
+    ys: list[float] = []
+    for i, smp in enumerate(samples):
+        if i and smp["block"] != samples[i - 1]["block"]:
+            t.append(smp["t"] / 60)
+            ys.append(float("nan"))
+        t.append(smp["t"] / 60)
+        ys.append(smp[key] if smp[key] is not None else float("nan"))
+    return t, ys
+
+
 def plots(fresh: dict, soak: dict, rate: float) -> list[str]:
     import matplotlib
 
@@ -669,9 +841,8 @@ def plots(fresh: dict, soak: dict, rate: float) -> list[str]:
                                squeeze=False, sharex=True)
         for ax, (title, ylabel, series) in zip(axes[:, 0], panels, strict=True):
             for ph, label, color in phases:
-                t = [s["t"] / 60 for s in ph["samples"]]
                 for key, style, suffix in series:
-                    ys = [s[key] for s in ph["samples"]]
+                    t, ys = _block_series(ph["samples"], key)
                     ax.plot(t, ys, style, color=color, label=f"{label}{suffix}", linewidth=1.4)
             for d in soak["dropped_partitions"]:
                 ax.axvline(d["t"] / 60, color="tab:gray", linestyle=":", linewidth=1)
@@ -683,7 +854,7 @@ def plots(fresh: dict, soak: dict, rate: float) -> list[str]:
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        axes[-1, 0].set_xlabel("minutes since the load started"
+        axes[-1, 0].set_xlabel("minutes since the first block started"
                                + ("; dotted: a jobs_done partition dropped"
                                   if soak["dropped_partitions"] else ""))
         f.tight_layout()
@@ -725,8 +896,11 @@ def markdown(report: dict) -> str:
          f"History: {so['history']:,} finished jobs in awa.jobs_done"
          + (f" (seeded in {so['seeded']['insert_seconds']:.0f}s, vacuumed in "
             f"{so['seeded']['vacuum_seconds']:.0f}s)" if so.get("seeded") else "")
-         + f". Fresh run {fr['minutes']:g} min, soak {so['minutes']:g} min, sampled every "
-         f"{report['sample_seconds']:g}s; the first {so['warmup_s']:.0f}s are warm-up.", "",
+         + f". Each database was offered the load for {so['minutes']:g} min in "
+         f"{so['blocks']} blocks of {so['minutes'] / so['blocks']:g} min, the two alternating "
+         "(soak, fresh, fresh, soak, soak, fresh, ...) with both workers running throughout, "
+         f"sampled every {report['sample_seconds']:g}s; the first {so['warmup_s']:.0f}s of "
+         "each database's first block are warm-up.", "",
          "| | fresh | soak |", "|---|---:|---:|"]
     rows = [("completed jobs/s (mean of windows)", "jobs_per_s"),
             ("pickup p50, ms", "p50_ms"), ("pickup p99, ms", "p99_ms"),
@@ -786,7 +960,9 @@ def slow_window_lines(fr: dict, so: dict, fmt) -> list[str]:
          f"window's), with what happened in that window or the one before: steal ≥ "
          f"{STEAL_PCT:g}%, a checkpoint finishing, the worker's event loop stalled ≥ "
          f"{LOOP_STALL_MS:.0f} ms, a probe's one-row commit (every 100 ms, its own "
-         f"connection) taking ≥ {COMMIT_STALL_MS:.0f} ms, a partition drop.", ""]
+         f"connection) taking ≥ {COMMIT_STALL_MS:.0f} ms, a partition drop, a statement "
+         f"seen running ≥ {STATEMENT_STALL_MS:.0f} ms by the activity probe (every 100 ms; "
+         "the longest one is quoted under the table).", ""]
     for ph in (fr, so):
         ws = ph["summary"]["slow_windows"]
         n_warm = sum(1 for s in ph["samples"] if s["warm"])
@@ -795,15 +971,24 @@ def slow_window_lines(fr: dict, so: dict, fmt) -> list[str]:
                  + ", ".join(f"{c} {k}" for c, k in tally.items())
                  + f", none of these {sum(1 for w in ws if not w['causes'])}.")
     L += ["", "| run | t, s | p99, ms | backlog | steal % | loop stall, ms | GC, ms | "
-          "slowest probe commit, ms | slowest claim, ms | coincided with |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+          "slowest probe commit, ms | slowest claim, ms | slowest completion batch, ms | "
+          "longest statement seen, ms | coincided with |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for ph in (fr, so):
         for w in ph["summary"]["slow_windows"]:
             L.append(f"| {ph['name']} | {w['t']:.0f} | {fmt(w['p99_ms'])} | "
                      f"{fmt(w['backlog'])} | {w['steal_pct']:.1f} | {fmt(w['loop_lag_ms'])} | "
                      f"{fmt(w['gc_ms'])} | {fmt(w['commit_max_ms'])} | "
-                     f"{fmt(w['claim_max_ms'])} | "
+                     f"{fmt(w['claim_max_ms'])} | {fmt(w['flush_max_ms'])} | "
+                     f"{fmt(w['statement_max_ms'])} | "
                      f"{', '.join(w['causes']) or '–'} |")
+    seen = [(ph["name"], w["t"], w["statement_max_ms"], w["statement"]) for ph in (fr, so)
+            for w in ph["summary"]["slow_windows"]
+            if w["statement"] and w["statement_max_ms"] >= SEEN_MS]
+    if seen:
+        L += ["", "The longest statement seen in those windows (or the one before), where it "
+              f"ran ≥ {SEEN_MS:.0f} ms:", ""]
+        L += [f"- {name} t={t:.0f}s: {ms:.0f} ms, {text}" for name, t, ms, text in seen]
     return [*L, ""]
 
 
@@ -815,8 +1000,8 @@ def parse(argv):
     p.add_argument("--peak", type=float, default=None, help="peak jobs/s (default: measure)")
     p.add_argument("--rate", type=float, default=None, help="offered jobs/s (overrides)")
     p.add_argument("--peak-jobs", type=int, default=20_000, help="jobs drained to find peak")
-    p.add_argument("--baseline-minutes", type=float, default=None,
-                   help="fresh-database run (default: as long as the soak)")
+    p.add_argument("--blocks", type=int, default=6,
+                   help="blocks of load per database, alternating fresh / soak (6)")
     p.add_argument("--sample-seconds", type=float, default=None, help="(5; 2 under 2 min)")
     p.add_argument("--role", choices=["worker", "produce"], help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
@@ -844,14 +1029,11 @@ def main() -> None:
     bench = tools.bench
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     logs = tools.logdir("soak")
-    admin = tools.admin_for(args, [DB])
+    admin = tools.admin_for(args, [DB, DB_FRESH])
     env = tools.environment(admin)
     print(tools.env_line(env), flush=True)
     drv = tools.awa_driver(args, DB, logs)
-    # As long as the soak: both runs then meet the same rare events (checkpoints,
-    # a busy neighbour), and their whole-run p99s compare like for like.
-    baseline_min = args.baseline_minutes or args.minutes
-    sample_s = args.sample_seconds or (5.0 if min(args.minutes, baseline_min) >= 2 else 2.0)
+    sample_s = args.sample_seconds or (5.0 if args.minutes / args.blocks >= 2 else 2.0)
     try:
         if args.peak:
             peak = {"jobs_per_s": args.peak, "measured": False}
@@ -872,11 +1054,11 @@ def main() -> None:
                     "seconds": r["seconds"]}
             print(f"[peak] {peak['jobs_per_s']:,.0f} jobs/s ({n:,} jobs)", flush=True)
         rate = args.rate or args.rate_fraction * peak["jobs_per_s"]
-        fresh = run_phase(tools, drv, admin, "fresh", rate, baseline_min, sample_s, 0)
-        soak = run_phase(tools, drv, admin, "soak", rate, args.minutes, sample_s, args.history)
+        fresh, soak = run_comparison(tools, drv, admin, rate, args.minutes, args.blocks,
+                                     sample_s, args.history)
     finally:
         if not args.keep_db:
-            for db in (DB, DB + "_tpl"):
+            for db in (DB, DB_FRESH, DB + "_tpl"):
                 admin.drop(db)
     report = {"started": started, "environment": env, "env_line": tools.env_line(env),
               "params": {k: v for k, v in vars(args).items() if k not in ("role", "url")},
