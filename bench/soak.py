@@ -888,7 +888,9 @@ def markdown(report: dict) -> str:
     fs, ss = fr["summary"], so["summary"]
     fmt = report["_fmt"]
     L = [f"# Awa soak — {report['started']}", "", report["env_line"], "",
-         (f"Peak drain (one worker process x{CONCURRENCY}, {report['peak']['n']:,} no-op jobs): "
+         (f"Peak drain (one worker process x{CONCURRENCY}, {report['peak']['n']:,} no-op jobs, "
+          f"median of {len(report['peak']['rounds'])} drains: "
+          + ", ".join(f"{x:,.0f}" for x in report["peak"]["rounds"]) + " jobs/s): "
           if report["peak"].get("measured") else "Peak (given with --peak): ")
          + f"**{report['peak']['jobs_per_s']:,.0f} jobs/s**"
          + f"; offered load {report['rate']:,.0f} jobs/s "
@@ -1000,6 +1002,8 @@ def parse(argv):
     p.add_argument("--peak", type=float, default=None, help="peak jobs/s (default: measure)")
     p.add_argument("--rate", type=float, default=None, help="offered jobs/s (overrides)")
     p.add_argument("--peak-jobs", type=int, default=20_000, help="jobs drained to find peak")
+    p.add_argument("--peak-rounds", type=int, default=3,
+                   help="drains to find peak; the median counts (3)")
     p.add_argument("--blocks", type=int, default=6,
                    help="blocks of load per database, alternating fresh / soak (6)")
     p.add_argument("--sample-seconds", type=float, default=None, help="(5; 2 under 2 min)")
@@ -1015,8 +1019,36 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def measure_peak(tools, drv, admin, n: int, rounds: int) -> dict:
+    """Drain ``n`` no-op jobs with one worker process, ``rounds`` times: the median
+    round's jobs/s. A single drain lasts about a second, and on this shared machine
+    single drains of the same code ranged over 11-16k jobs/s within an hour; 70% of
+    a lucky one is nearer 85% of what the machine then sustains with a producer."""
+    rates = []
+    for _ in range(rounds):
+        tools.bench.fresh_db(drv, admin, DB)
+        drv.call("insert-bulk", "--n", str(n), timeout=max(300, n / 20))
+        admin.analyze(DB)
+        procs = [drv.spawn("worker", "--concurrency", str(CONCURRENCY))]
+        try:
+            r = tools.bench.run_workers(drv, procs, admin, DB, admin.postmaster_pid(), n,
+                                        timeout=max(120, n / 50))
+        finally:
+            for p in procs:
+                if p.p.poll() is None:
+                    p.p.kill()
+        rates.append(r["jobs_per_s"])
+    peak = {"jobs_per_s": sorted(rates)[len(rates) // 2], "n": n, "measured": True,
+            "rounds": rates}
+    print(f"[peak] {peak['jobs_per_s']:,.0f} jobs/s ({n:,} jobs; rounds "
+          + ", ".join(f"{x:,.0f}" for x in rates) + ")", flush=True)
+    return peak
+
+
 def main() -> None:
     args = parse(sys.argv[1:])
+    if args.role is None and (args.peak_rounds < 1 or args.blocks < 1):
+        sys.exit("--peak-rounds and --blocks must be at least 1")
     if args.role == "worker":
         return asyncio.run(role_worker(args))
     if args.role == "produce":
@@ -1026,7 +1058,6 @@ def main() -> None:
     tools.bootstrap(__file__)
     global RESULTS
     RESULTS = tools.RESULTS
-    bench = tools.bench
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     logs = tools.logdir("soak")
     admin = tools.admin_for(args, [DB, DB_FRESH])
@@ -1038,21 +1069,7 @@ def main() -> None:
         if args.peak:
             peak = {"jobs_per_s": args.peak, "measured": False}
         else:
-            n = args.peak_jobs
-            bench.fresh_db(drv, admin, DB)
-            drv.call("insert-bulk", "--n", str(n), timeout=max(300, n / 20))
-            admin.analyze(DB)
-            procs = [drv.spawn("worker", "--concurrency", str(CONCURRENCY))]
-            try:
-                r = bench.run_workers(drv, procs, admin, DB, admin.postmaster_pid(), n,
-                                      timeout=max(120, n / 50))
-            finally:
-                for p in procs:
-                    if p.p.poll() is None:
-                        p.p.kill()
-            peak = {"jobs_per_s": r["jobs_per_s"], "n": n, "measured": True,
-                    "seconds": r["seconds"]}
-            print(f"[peak] {peak['jobs_per_s']:,.0f} jobs/s ({n:,} jobs)", flush=True)
+            peak = measure_peak(tools, drv, admin, args.peak_jobs, args.peak_rounds)
         rate = args.rate or args.rate_fraction * peak["jobs_per_s"]
         fresh, soak = run_comparison(tools, drv, admin, rate, args.minutes, args.blocks,
                                      sample_s, args.history)
