@@ -467,6 +467,16 @@ class Arm:
         return sum(p["n"] for p in self.produced)
 
 
+def log_plans_over(admin, db: str, ms: int) -> None:
+    """Sessions opened on ``db`` from now on log the plan of every statement
+    that runs ``ms`` or longer (auto_explain, to the server's log): the way to
+    name the plan of a statement the activity probe saw running for seconds.
+    Plans only (no log_analyze: timing every statement would slow the run)."""
+    for setting, value in (("session_preload_libraries", "auto_explain"),
+                           ("auto_explain.log_min_duration", f"{int(ms)}ms")):
+        admin.conn.execute(f'ALTER DATABASE "{db}" SET {setting} = \'{value}\'')
+
+
 def block_order(blocks: int) -> list[int]:
     """Which arm (0 fresh, 1 soak) runs each block: S F F S S F F S ..., so a drift
     of the machine over the run weighs on both arms alike. The soak goes first:
@@ -476,11 +486,15 @@ def block_order(blocks: int) -> list[int]:
 
 
 def run_comparison(tools, drv, admin, rate: float, minutes: float, blocks: int,
-                   sample_s: float, history: int) -> tuple[dict, dict]:
+                   sample_s: float, history: int,
+                   auto_explain_ms: int | None = None) -> tuple[dict, dict]:
     """The fresh and the history database, each with a worker running throughout;
     the offered load alternates between them in ``blocks`` blocks each."""
     tools.bench.fresh_db(drv, admin, DB)
     admin.reset(DB_FRESH, template=DB + "_tpl")
+    if auto_explain_ms:
+        for db in (DB, DB_FRESH):
+            log_plans_over(admin, db, auto_explain_ms)
     seeded = None
     arms: list[Arm] = []
     try:
@@ -1002,6 +1016,8 @@ def parse(argv):
     p.add_argument("--peak", type=float, default=None, help="peak jobs/s (default: measure)")
     p.add_argument("--rate", type=float, default=None, help="offered jobs/s (overrides)")
     p.add_argument("--peak-jobs", type=int, default=20_000, help="jobs drained to find peak")
+    p.add_argument("--auto-explain-ms", type=int, default=None,
+                   help="log (server log) the plans of statements running this long")
     p.add_argument("--peak-rounds", type=int, default=3,
                    help="drains to find peak; the median counts (3)")
     p.add_argument("--blocks", type=int, default=6,
@@ -1072,7 +1088,7 @@ def main() -> None:
             peak = measure_peak(tools, drv, admin, args.peak_jobs, args.peak_rounds)
         rate = args.rate or args.rate_fraction * peak["jobs_per_s"]
         fresh, soak = run_comparison(tools, drv, admin, rate, args.minutes, args.blocks,
-                                     sample_s, args.history)
+                                     sample_s, args.history, args.auto_explain_ms)
     finally:
         if not args.keep_db:
             for db in (DB, DB_FRESH, DB + "_tpl"):
