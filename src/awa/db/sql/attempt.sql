@@ -62,8 +62,10 @@ WITH back AS (
     UPDATE awa.jobs j
     SET state = 'available', attempt = greatest(j.attempt - 1, 0),
         heartbeat_at = NULL, deadline_at = NULL
-    FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease)
-    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state::text = 'running'  -- by id, see below
+    WHERE j.id = ANY($1::bigint[]) AND j.state::text = 'running'  -- by id, see below
+      AND j.run_lease = ((SELECT jsonb_object_agg(c.id, c.lease)
+                          FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease))
+                         ->> j.id::text)::bigint
     RETURNING j.queue
 )
 SELECT count(*) AS n, pg_notify('awa_jobs', queue) FROM back GROUP BY queue
@@ -109,12 +111,21 @@ GROUP BY id
 -- since the last vacuum; while any transaction stays open none of them can be
 -- skipped, each batch slows the next, and completions stopped for 30 s
 -- (bench/soak.py). The text comparison cannot use that partial index.
-WITH c AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, output)
-), moved AS (
-    DELETE FROM awa.jobs j USING c
-    WHERE j.id = c.id AND j.run_lease = c.lease AND j.state::text = 'running'
-    RETURNING j, c.output
+-- Nor is the batch joined to the table: after an ANALYZE that saw an almost
+-- empty queue, the reused generic plan read all of awa.jobs per batch (a full
+-- index scan, the batch as a join filter) and completions stopped for 3 s
+-- once a backlog had grown (bench/soak.py, auto_explain). `id = ANY($1)` can
+-- only be an index condition; each row's lease and output are looked up in a
+-- JSON map of the batch, built once.
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.id = ANY($1::bigint[]) AND j.state::text = 'running'
+      AND j.run_lease = ((SELECT jsonb_object_agg(c.id, c.lease)
+                          FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease))
+                         ->> j.id::text)::bigint
+    RETURNING j, (SELECT jsonb_object_agg(c.id, c.output) FILTER (WHERE c.output IS NOT NULL)
+                  FROM unnest($1::bigint[], $3::jsonb[]) AS c(id, output)) -> j.id::text
+                 AS output
 ), done AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM moved m,
