@@ -34,7 +34,11 @@ async def test_every_page_with_real_data(client: awa.AsyncClient, page: Any) -> 
         await page.screenshot(path=shot("job-failed"), full_page=True)
 
         await open_view(page, f"{base}/#/jobs/{s.waiting_id}", "job")
-        assert (await page.inner_text("#callback")).startswith("waiting for callback #1")
+        # The previous page was a job page too, so open_view can return before this
+        # job has rendered: wait for its callback line (fails after 5 s if it never shows).
+        await page.wait_for_function(
+            "document.querySelector('#callback')?.innerText"
+            ".startsWith('waiting for callback #1')", timeout=5000)
         await open_view(page, f"{base}/#/jobs/{s.completed_id}", "job")
         assert "delivered" in await page.inner_text("main")
 
