@@ -694,8 +694,6 @@ def main() -> None:
 
     tools.bootstrap(__file__)
     import soak_report  # bench/ is on sys.path here, not in the roles (python -P)
-    global RESULTS
-    RESULTS = tools.RESULTS
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     logs = tools.logdir("soak")
     admin = tools.admin_for(args, [DB, DB_FRESH])
@@ -722,14 +720,11 @@ def main() -> None:
               "peak": peak, "rate": rate, "sample_seconds": sample_s,
               "concurrency": CONCURRENCY, "fresh": fresh, "soak": soak,
               "checks": soak_report.checks(fresh, soak)}
-    report["plots"] = soak_report.plots(fresh, soak, rate, RESULTS)
-    md = soak_report.markdown(report, tools.fmt)
+    md = soak_report.render(report, tools.RESULTS, tools.fmt)
     tools.write_report("soak", report, md)
-    print(f"wrote {RESULTS / 'soak.md'}, soak.json and {', '.join(report['plots'])} "
+    print(f"wrote {tools.RESULTS / 'soak.md'}, soak.json and {', '.join(report['plots'])} "
           f"(logs: {logs})")
 
-
-RESULTS = HERE / "results"
 
 if __name__ == "__main__":
     main()

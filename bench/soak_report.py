@@ -394,6 +394,12 @@ def slow_window_lines(fr: dict, so: dict, fmt) -> list[str]:
     return [*L, ""]
 
 
+def render(report: dict, results: Path, fmt) -> str:
+    """Draw the plots into ``results`` (named in report["plots"]); soak.md's text."""
+    report["plots"] = plots(report["fresh"], report["soak"], report["rate"], results)
+    return markdown(report, fmt)
+
+
 def main(argv: list[str]) -> None:
     """Render soak.md and the plots again from a soak.json (its directory)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -401,8 +407,7 @@ def main(argv: list[str]) -> None:
 
     path = Path(argv[0] if argv else benchtools.RESULTS / "soak.json")
     report = json.loads(path.read_text())
-    report["plots"] = plots(report["fresh"], report["soak"], report["rate"], path.parent)
-    (path.parent / "soak.md").write_text(markdown(report, benchtools.fmt))
+    (path.parent / "soak.md").write_text(render(report, path.parent, benchtools.fmt))
     print(f"wrote {path.parent / 'soak.md'} and {', '.join(report['plots'])}")
 
 
