@@ -5,7 +5,13 @@
     python bench/soak.py --minutes 1 --blocks 2 --history 20000     # smoke (about 3 min)
 
 1. **Peak**: bulk-insert --peak-jobs no-op jobs into a fresh database and drain
-   them with one worker process (concurrency 32) → jobs/s (skip with --peak R).
+   them with one worker process (concurrency 32), --peak-rounds times (median:
+   the drain peak); then, on a fresh database, the soak's own producer offers
+   1.25x that for 45 s to one worker process: the jobs/s the worker completes
+   over the last 30 s is the peak (loaded: what one worker sustains with the
+   producer beside it on the same 2 cores; a drain of 20k jobs also counts
+   its start, so it can read below that). --peak-kind drain skips
+   the loaded measure; --peak R skips both.
 2. **Two databases**: "fresh", freshly migrated, and "soak", the same seeded
    with --history finished jobs in awa.jobs_done (hourly partitions,
    prune_after spread over [now-1h, now+23h], 1 in 500 failed). Each has one
@@ -639,6 +645,8 @@ def parse(argv):
     p.add_argument("--peak-jobs", type=int, default=20_000, help="jobs drained to find peak")
     p.add_argument("--auto-explain-ms", type=int, default=None,
                    help="log (server log) the plans of statements running this long")
+    p.add_argument("--peak-kind", choices=["loaded", "drain"], default="loaded",
+                   help="peak as sustained beside the producer (loaded), or the drain peak")
     p.add_argument("--peak-rounds", type=int, default=3,
                    help="drains to find peak; the median counts (3)")
     p.add_argument("--blocks", type=int, default=6,
@@ -682,6 +690,44 @@ def measure_peak(tools, drv, admin, n: int, rounds: int) -> dict:
     return peak
 
 
+def measure_loaded_peak(tools, drv, admin, offer: float, seconds: float = 45.0,
+                        skip: float = 15.0) -> dict:
+    """Jobs/s one worker process completes while the soak's producer offers ``offer``
+    (more than it can take) on a fresh database, counted after ``skip`` s: a lower
+    bound of the rate where offered = completed, as the surplus costs producer CPU. A drain
+    leaves the producer's CPU out: on 2 cores, 70% of the drain peak left a quarter
+    of headroom, and steal of 1% then grew backlogs of 100k jobs on both databases."""
+    tools.bench.fresh_db(drv, admin, DB)
+    url = tools.bench.db_url(drv.url, DB)
+    worker = tools.role(drv, __file__, "--role", "worker", url=url)
+    prod = None
+    try:
+        worker.wait_event("ready", 180)
+        worker.send("go")
+        worker.wait_event("started", 120)
+        prod = tools.role(drv, __file__, "--role", "produce", "--rate", str(offer),
+                          "--duration", str(seconds), url=url)
+        prod.wait_event("ready", 60)
+        prod.send("go")
+        start, marks = time.monotonic(), []
+        for at in (skip, seconds - 0.5):  # both inside the producer's run
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            worker.send("sample")
+            w = worker.wait_event("sample", 30)
+            marks.append((w["t"], w["handled"]))
+        sent = prod.wait_event("result", seconds + 120)["n"]
+    finally:
+        for p in (prod, worker):
+            if p is not None and p.p.poll() is None:
+                p.p.kill()
+    (t1, h1), (t2, h2) = marks
+    peak = {"jobs_per_s": (h2 - h1) / (t2 - t1), "offered": offer, "seconds": seconds,
+            "counted_s": t2 - t1, "produced": sent, "backlog_at_end": sent - h2}
+    print(f"[peak] loaded: {peak['jobs_per_s']:,.0f} jobs/s with {offer:,.0f}/s offered "
+          f"(backlog {peak['backlog_at_end']:,} jobs at the end)", flush=True)
+    return peak
+
+
 def main() -> None:
     args = parse(sys.argv[1:])
     if args.role is None and (args.peak_rounds < 1 or args.blocks < 1):
@@ -706,6 +752,9 @@ def main() -> None:
             peak = {"jobs_per_s": args.peak, "measured": False}
         else:
             peak = measure_peak(tools, drv, admin, args.peak_jobs, args.peak_rounds)
+            if args.peak_kind == "loaded":
+                peak = {**measure_loaded_peak(tools, drv, admin, 1.25 * peak["jobs_per_s"]),
+                        "measured": True, "kind": "loaded", "drain": peak}
         rate = args.rate or args.rate_fraction * peak["jobs_per_s"]
         fresh, soak = run_comparison(tools, drv, admin, rate, args.minutes, args.blocks,
                                      sample_s, args.history, args.auto_explain_ms)

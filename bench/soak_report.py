@@ -264,18 +264,37 @@ def plots(fresh: dict, soak: dict, rate: float, results: Path) -> list[str]:
     return out
 
 
+def peak_line(report: dict) -> str:
+    """How the peak was found (drain, loaded, or given) and the load offered."""
+    pk, c = report["peak"], report["concurrency"]
+    drain = pk.get("drain", pk)
+
+    def drains() -> str:
+        return (f"one worker process x{c}, {drain['n']:,} no-op jobs, median of "
+                f"{len(drain['rounds'])} drains: "
+                + ", ".join(f"{x:,.0f}" for x in drain["rounds"]) + " jobs/s")
+
+    if not pk.get("measured"):
+        head = "Peak (given with --peak): "
+    elif pk.get("kind") == "loaded":
+        head = (f"Peak drain ({drains()}): {drain['jobs_per_s']:,.0f} jobs/s. Peak loaded "
+                f"(the soak's producer offering {pk['offered']:,.0f} jobs/s, "
+                f"{pk['offered'] / drain['jobs_per_s']:.2f}x that, to one worker process on "
+                f"a fresh database for {pk['seconds']:g} s; jobs completed over the last "
+                f"{pk['counted_s']:.0f} s; {pk['backlog_at_end']:,} jobs left waiting at the "
+                "end), the peak that counts: ")
+    else:
+        head = f"Peak drain ({drains()}): "
+    return (head + f"**{pk['jobs_per_s']:,.0f} jobs/s**; offered load "
+            f"{report['rate']:,.0f} jobs/s ({report['rate'] / pk['jobs_per_s']:.0%} of peak).")
+
+
 def markdown(report: dict, fmt) -> str:
     """soak.md: parameters, the two databases side by side, checks, plots, slow windows."""
     fr, so = report["fresh"], report["soak"]
     fs, ss = fr["summary"], so["summary"]
     L = [f"# Awa soak — {report['started']}", "", report["env_line"], "",
-         (f"Peak drain (one worker process x{report['concurrency']}, "
-          f"{report['peak']['n']:,} no-op jobs, median of {len(report['peak']['rounds'])} drains: "
-          + ", ".join(f"{x:,.0f}" for x in report["peak"]["rounds"]) + " jobs/s): "
-          if report["peak"].get("measured") else "Peak (given with --peak): ")
-         + f"**{report['peak']['jobs_per_s']:,.0f} jobs/s**"
-         + f"; offered load {report['rate']:,.0f} jobs/s "
-         f"({report['rate'] / report['peak']['jobs_per_s']:.0%} of peak).", "",
+         peak_line(report), "",
          f"History: {so['history']:,} finished jobs in awa.jobs_done"
          + (f" (seeded in {so['seeded']['insert_seconds']:.0f}s, vacuumed in "
             f"{so['seeded']['vacuum_seconds']:.0f}s)" if so.get("seeded") else "")
@@ -407,6 +426,7 @@ def main(argv: list[str]) -> None:
 
     path = Path(argv[0] if argv else benchtools.RESULTS / "soak.json")
     report = json.loads(path.read_text())
+    report.setdefault("concurrency", 32)  # every soak ran 32; reports before 12-02 lack it
     (path.parent / "soak.md").write_text(render(report, path.parent, benchtools.fmt))
     print(f"wrote {path.parent / 'soak.md'} and {', '.join(report['plots'])}")
 
