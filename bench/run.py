@@ -525,6 +525,11 @@ class Proc:
             if ev.get("event") == "eof":
                 raise DriverError(f"driver exited (rc={self.p.wait()}) while waiting for {name!r}")
 
+    def kill(self) -> None:
+        """Kill it if it still runs (our own child, by its handle): cleanup after a run."""
+        if self.p.poll() is None:
+            self.p.kill()
+
     def finish(self) -> None:
         self.send("exit")
         try:
@@ -676,8 +681,7 @@ def sc_drain(drv: Driver, admin: Admin, db: str, postmaster, n: int, workers: in
         out = run_workers(drv, procs, admin, db, postmaster, n, timeout=max(120, n / 50))
     finally:
         for p in procs:
-            if p.p.poll() is None:
-                p.p.kill()
+            p.kill()
     for r in out.pop("results"):
         r.pop("latencies_ms", None)
     out["prefill_seconds"] = pre["seconds"]
@@ -714,8 +718,7 @@ def sc_latency(drv: Driver, admin: Admin, db: str, postmaster, rate: float, seco
         out = run_workers(drv, procs, admin, db, postmaster, 0, timeout=60, between=produce)
     finally:
         for p in procs:
-            if p.p.poll() is None:
-                p.p.kill()
+            p.kill()
     lat = [x for r in out.pop("results") for x in (r.get("latencies_ms") or [])]
     n = out["n"]
     res = {

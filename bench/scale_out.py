@@ -288,8 +288,7 @@ def drain(tools, drv, sdrv, admin, postmaster, n: int, count: int, net, order=No
                                 timeout=max(180, (n + extra) / 50))
     finally:
         for p in procs:
-            if p.p.poll() is None:
-                p.p.kill()  # our own child, by its handle
+            p.kill()
     out.pop("results", None)
     out["processes"] = count
     out["network"] = "netns + socat" if net else "127.0.0.1"

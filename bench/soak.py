@@ -464,13 +464,26 @@ class Arm:
     def close(self) -> None:
         for p in (self.probe, self.activity):
             p.close()
-        if self.worker.p.poll() is None:
-            self.worker.p.kill()
+        self.worker.kill()
         self.conn.close()
 
     @property
     def sent(self) -> int:
         return sum(p["n"] for p in self.produced)
+
+
+def start_worker(worker) -> None:
+    """Let a worker role that has connected start claiming; return once it does."""
+    worker.wait_event("ready", 180)
+    worker.send("go")
+    worker.wait_event("started", 120)
+
+
+def spawn_producer(tools, drv, url: str, rate: float, seconds: float, seq0: int = 0):
+    """A producer role that, once sent "go", offers ``rate`` jobs/s for ``seconds``
+    (job seq numbers from ``seq0``)."""
+    return tools.role(drv, __file__, "--role", "produce", "--rate", str(rate),
+                      "--duration", str(seconds), "--seq0", str(seq0), url=url)
 
 
 def log_plans_over(admin, db: str, ms: int) -> None:
@@ -515,9 +528,7 @@ def run_comparison(tools, drv, admin, rate: float, minutes: float, blocks: int,
             arms.append(arm)
             arm.conn.execute("ANALYZE")
         for arm in arms:
-            arm.worker.wait_event("ready", 180)
-            arm.worker.send("go")
-            arm.worker.wait_event("started", 120)
+            start_worker(arm.worker)
         block_s = minutes * 60 / blocks
         warmup = min(30.0, 0.2 * block_s)
         print(f"[soak] {rate:,.0f} jobs/s offered in {2 * blocks} blocks of {block_s:.0f}s, "
@@ -546,8 +557,7 @@ def run_block(tools, drv, arm: Arm, block: int, rate: float, block_s: float,
     lsn_prev = prev["_lsn"]
     if arm.parts is None:
         arm.parts = set(prev["_parts"] or [])
-    prod = tools.role(drv, __file__, "--role", "produce", "--rate", str(rate),
-                      "--duration", str(block_s), "--seq0", str(arm.sent), url=arm.url)
+    prod = spawn_producer(tools, drv, arm.url, rate, block_s, seq0=arm.sent)
     try:
         prod.wait_event("ready", 60)
         prod.send("go")
@@ -680,8 +690,7 @@ def measure_peak(tools, drv, admin, n: int, rounds: int) -> dict:
                                         timeout=max(120, n / 50))
         finally:
             for p in procs:
-                if p.p.poll() is None:
-                    p.p.kill()
+                p.kill()
         rates.append(r["jobs_per_s"])
     peak = {"jobs_per_s": sorted(rates)[len(rates) // 2], "n": n, "measured": True,
             "rounds": rates}
@@ -702,11 +711,8 @@ def measure_loaded_peak(tools, drv, admin, offer: float, seconds: float = 45.0,
     worker = tools.role(drv, __file__, "--role", "worker", url=url)
     prod = None
     try:
-        worker.wait_event("ready", 180)
-        worker.send("go")
-        worker.wait_event("started", 120)
-        prod = tools.role(drv, __file__, "--role", "produce", "--rate", str(offer),
-                          "--duration", str(seconds), url=url)
+        start_worker(worker)
+        prod = spawn_producer(tools, drv, url, offer, seconds)
         prod.wait_event("ready", 60)
         prod.send("go")
         start, marks = time.monotonic(), []
@@ -718,8 +724,8 @@ def measure_loaded_peak(tools, drv, admin, offer: float, seconds: float = 45.0,
         sent = prod.wait_event("result", seconds + 120)["n"]
     finally:
         for p in (prod, worker):
-            if p is not None and p.p.poll() is None:
-                p.p.kill()
+            if p is not None:
+                p.kill()
     (t1, h1), (t2, h2) = marks
     peak = {"jobs_per_s": (h2 - h1) / (t2 - t1), "offered": offer, "seconds": seconds,
             "counted_s": t2 - t1, "produced": sent, "backlog_at_end": sent - h2}
