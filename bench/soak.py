@@ -48,6 +48,7 @@ DB = "bench_soak"  # the database with the history
 DB_FRESH = "bench_soak_fresh"
 QUEUE = "bench"
 CONCURRENCY = 32
+LOADED_OFFER = 1.25  # x the drain peak, offered to find the loaded peak: more than it takes
 
 
 # ===========================================================================
@@ -759,7 +760,8 @@ def main() -> None:
         else:
             peak = measure_peak(tools, drv, admin, args.peak_jobs, args.peak_rounds)
             if args.peak_kind == "loaded":
-                peak = {**measure_loaded_peak(tools, drv, admin, 1.25 * peak["jobs_per_s"]),
+                peak = {**measure_loaded_peak(tools, drv, admin,
+                                            LOADED_OFFER * peak["jobs_per_s"]),
                         "measured": True, "kind": "loaded", "drain": peak}
         rate = args.rate or args.rate_fraction * peak["jobs_per_s"]
         fresh, soak = run_comparison(tools, drv, admin, rate, args.minutes, args.blocks,
