@@ -7,13 +7,14 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
 from tests.helpers import FAST, wait_until
 
 import awa
+from awa.completion import Completer
 from awa.db.pool import create_pool
 from awa.db.queries import queries
 
@@ -675,3 +676,29 @@ async def test_a_worker_of_more_queues_than_claim_connections_serves_them_all(
     await client.start([(q, 2) for q in queues], **FAST)
     jobs = await _finished(client, ids)
     assert {j.state for j in jobs} == {awa.JobState.Completed}
+
+
+async def test_a_completion_batch_keeps_each_output_whether_or_not_others_have_one(
+        client: awa.AsyncClient) -> None:
+    """A batch with no outputs sends NULL in place of their array; mixed with
+    jobs that have one, each job still gets its own output (or none)."""
+    ids = [(await client.insert(Step(i))).id for i in range(6)]
+    pool = await client.pool()
+    q = queries()
+    rows = await pool.fetch(q["attempt_claim"], "default", 6, 0.0, 0.0)
+    lease = {r["id"]: r["run_lease"] for r in rows}
+    completer = Completer(pool, q, completed_retention=timedelta(days=1),
+                          failed_retention=timedelta(days=1))
+    completer.start()
+    try:
+        for job_id in ids[:3]:  # one batch without outputs
+            completer.complete(job_id, lease[job_id])
+        await completer.drain()
+        for n, job_id in enumerate(ids[3:]):  # one batch mixing them
+            completer.complete(job_id, lease[job_id], json.dumps({"n": n}) if n != 1 else None)
+        await completer.drain()
+    finally:
+        await completer.stop()
+    jobs = [await client.get_job(i) for i in ids]
+    assert all(j.state is awa.JobState.Completed for j in jobs)
+    assert [j.output for j in jobs] == [None, None, None, {"n": 0}, None, {"n": 2}]

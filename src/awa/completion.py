@@ -186,7 +186,9 @@ class Completer:
     async def _flush(self, batch: list[tuple[int, _Pending]]) -> None:
         ids = [job_id for job_id, _ in batch]
         leases = [p.lease for _, p in batch]
-        outputs = [p.output for _, p in batch]
+        # The usual batch has no outputs: one NULL to send, not an array of them.
+        outputs = [p.output for _, p in batch] if any(p.output is not None for _, p in batch) \
+            else None
         with_followups = any(p.followups for _, p in batch)
         for delay in (*RETRY_DELAYS, None):
             try:
@@ -219,7 +221,8 @@ class Completer:
                 await asyncio.sleep(delay)
 
     async def _flush_with_followups(self, batch: list[tuple[int, _Pending]], ids: list[int],
-                                    leases: list[int], outputs: list[str | None]) -> list[Any]:
+                                    leases: list[int],
+                                    outputs: list[str | None] | None) -> list[Any]:
         """One transaction: the batch's completions, then the follow-ups of those
         that completed (a stale completion brings none of its follow-ups)."""
         async with self._pool.acquire() as conn:

@@ -108,6 +108,7 @@ GROUP BY id
 -- name: attempt_complete_batch
 -- Finish many attempts in one round trip, each under its own lease guard.
 -- Returns the ids that completed; the rest were stale and changed nothing.
+-- $3 holds each job's output, or is NULL when none has one (unnest pads it).
 -- No explicit row lock first (it would cost a WAL record per job): the
 -- DELETE locks each row itself and re-checks the guard against the newest
 -- version. Heartbeats skip locked rows, so they cannot deadlock with it.
