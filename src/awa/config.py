@@ -58,7 +58,7 @@ class QueueConfig:
     rate_limit: RateLimit | None = None
     priority_aging_interval: timedelta = states.PRIORITY_AGING_INTERVAL  #: 0 = off
     deadline: timedelta = states.DEADLINE  #: 0 = no hard deadline
-    claim_batch_size: int = states.CLAIM_BATCH_SIZE
+    claim_batch_size: int = 32
     dlq_enabled: bool | None = None  #: None = the runtime's default
 
     @classmethod

@@ -94,12 +94,6 @@ LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
 #: free before claiming, so claims come in batches of at least a quarter of
 #: the queue's slots instead of one or two jobs per round trip.
 CLAIM_COALESCE = timedelta(milliseconds=1)
-#: Most jobs one claim takes (a queue's ``claim_batch_size`` default). Each
-#: claim costs a round trip and about 0.2 ms of fixed server time, so a worker
-#: draining quick jobs claims one batch ahead of its slots in batches of up to
-#: this many: 64 instead of 32 drained 20,000 jobs 21% faster (one worker of 32
-#: slots, five interleaved rounds, bench/README.md).
-CLAIM_BATCH_SIZE = 64
 #: A queue whose handlers average at most this long claims one batch ahead of
 #: its free slots: the next claim's round trip overlaps the running batch
 #: instead of following it. A job claimed ahead waits about one handler run
