@@ -40,7 +40,7 @@ async def test_terminal_failures_go_to_the_dlq(client: awa.AsyncClient,
 
     ids = [(await client.insert(Charge(n), queue="pay", max_attempts=1, tags=["t1"])).id
            for n in (1, 2, 3)]
-    unknown = await client.insert({"x": 1}, kind="nobody", queue="pay")
+    unknown = await client.insert({"x": 1}, kind="nobody", queue="pay", max_attempts=1)
     plain_job = await client.insert(Charge(9), kind="charge_plain", queue="plain")
     await client.start([{"name": "pay", "max_workers": 2, "dlq_enabled": True},
                         {"name": "plain", "max_workers": 1}], **FAST)
@@ -53,7 +53,7 @@ async def test_terminal_failures_go_to_the_dlq(client: awa.AsyncClient,
     assert entries[ids[0]].reason == "terminal_error"
     assert entries[ids[1]].reason == "max_attempts_exhausted"
     assert entries[ids[2]].reason == "callback_timeout"
-    assert entries[unknown.id].reason == "terminal_error"
+    assert entries[unknown.id].reason == "max_attempts_exhausted"  # no handler, ever
     first = entries[ids[0]]
     assert first.job.args == {"n": 1} and first.job.tags == ["t1"]
     assert first.job.state is S.Failed and first.original_run_lease == 1

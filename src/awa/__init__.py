@@ -44,7 +44,7 @@ from awa.model import (
     WaitForCallback,
 )
 from awa.partitioned import PartitionedQueue
-from awa.producer import derive_kind
+from awa.producer import derive_kind, max_payload_bytes, set_max_payload_bytes
 from awa.runtime import HealthCheck, QueueHealth
 from awa.states import JobState
 from awa.sync import Client, SyncTransaction
@@ -106,8 +106,10 @@ __all__ = [
     "current_migration_version",
     "derive_kind",
     "init_telemetry",
+    "max_payload_bytes",
     "migrate",
     "migrations",
+    "set_max_payload_bytes",
     "shutdown_telemetry",
     "web",
 ]

@@ -216,7 +216,7 @@ class JobContext:
         if not self._progress_dirty:
             return None
         self._progress_dirty = False
-        return producer.dumps(self._progress, "progress")
+        return producer.dumps(self._progress, "progress", sized=False)
 
     def _restore_progress(self) -> None:
         self._progress_dirty = True

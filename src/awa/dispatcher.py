@@ -42,13 +42,15 @@ class Dispatcher:
 
     def __init__(self, cfg: QueueConfig, pool: asyncpg.Pool, q: Queries, capacity: Capacity,
                  launch: Callable[[Job], None], poll_interval: float,
-                 backlog: Callable[[], bool] = lambda: False) -> None:
+                 backlog: Callable[[], bool] = lambda: False,
+                 reject: Callable[[int, int, str], None] = lambda *_: None) -> None:
         self.cfg = cfg
         self._db: asyncpg.Pool | HeldConnection = pool  # what claims go through
         self._q = q
         self._capacity = capacity
         self._launch = launch
         self._backlogged = backlog
+        self._reject = reject
         self._poll = poll_interval
         self._limiter = TokenBucket(cfg.rate_limit) if cfg.rate_limit else None
         self._signal = asyncio.Event()
@@ -58,6 +60,9 @@ class Dispatcher:
         self.ready: deque[Job] = deque()
         self._run_average = 2 * AHEAD_MAX_RUN_SECONDS  # unknown handlers count as slow
         self._stopping: asyncio.Event | None = None
+        #: Claims that failed in a row, and the last one's error (health reports them).
+        self.claim_failures = 0
+        self.last_claim_error: str | None = None
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
         """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
@@ -111,6 +116,18 @@ class Dispatcher:
                 self.ready.remove(job)
                 return True
         return False
+
+    def _take_rows(self, rows: list[asyncpg.Record]) -> None:
+        """Queue claimed rows to start; one that cannot become a `Job` (a value no
+        writer of ours stores) is handed to ``reject`` (id, lease, error) to be failed:
+        it must not stop the loop, nor the rest of its batch."""
+        for row in rows:
+            try:
+                self.ready.append(Job.from_claim(row))
+            except Exception as exc:
+                log.error("claimed job %s of %r cannot be decoded: %r", row[0], self.cfg.name,
+                          exc)
+                self._reject(row[0], row[7], f"claimed row cannot be decoded: {exc!r}")
 
     async def _unclaim(self) -> None:
         """Hand jobs claimed ahead back to the queue: the worker is stopping."""
@@ -170,16 +187,19 @@ class Dispatcher:
                     rows = await self._db.fetch(self._q["attempt_claim"], name, want,
                                                 deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
+                    self.claim_failures, self.last_claim_error = 0, None
                 except Exception as exc:
                     # Whatever the driver raises (a killed backend can surface as
                     # InternalClientError), this loop must live on: claim again later.
                     log.warning("claim from %r failed: %r", name, exc)
+                    self.claim_failures += 1
+                    self.last_claim_error = repr(exc)
                     rows = []
                 finally:
                     self._capacity.release(name, reserved)
                 if self._limiter is not None:
                     self._limiter.take(len(rows))
-                self.ready.extend(Job.from_claim(row) for row in rows)
+                self._take_rows(rows)
                 self._start_ready()
                 self.claimed += len(rows)
                 more = len(rows) == want

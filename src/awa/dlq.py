@@ -109,7 +109,7 @@ async def retry_from_dlq(db: Executor, q: Queries, job_id: int, *,
     if priority is not None:
         producer.check_int("priority", priority, 1, 4)
     with translated():
-        rows = await db.fetch(q["dlq_retry"], job_id, _opt_time("run_at", run_at),
+        rows = await db.fetch(q["dlq_retry"], job_id, producer.check_run_at(run_at),
                               _opt_name("queue", queue), priority, None, None, None)
     return Job.from_row(rows[0]) if rows else None
 

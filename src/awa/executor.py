@@ -12,6 +12,8 @@ import asyncio
 import contextvars
 import dataclasses
 import functools
+import os
+import socket
 import traceback
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -103,8 +105,12 @@ class JobExecutor:
         """The handler context, or the outcome that makes running impossible."""
         spec = self._registry.get(job.kind)
         if spec is None:
-            return None, Outcome("fail", error=f"UnknownJobKind: no handler for {job.kind!r}",
-                                 terminal=True)
+            # A rolling deploy: a newer worker may know this kind. Retry with
+            # backoff (the attempt counts) instead of failing it for good here.
+            error = (f"UnknownJobKind: no handler for {job.kind!r} on worker "
+                     f"{socket.gethostname()}:{os.getpid()}")
+            kind: OutcomeKind = "retry" if job.attempt < job.max_attempts else "fail"
+            return None, Outcome(kind, error=error)
         try:
             args = spec.build_args(job.args)
         except Exception as exc:

@@ -13,10 +13,11 @@ import dataclasses
 import enum
 import functools
 import json
+import os
 import re
 import struct
 from collections.abc import Mapping, Sequence
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import PurePath
 from typing import Any
@@ -70,16 +71,83 @@ _ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False, separator
                             allow_nan=False)
 
 
-def dumps(value: Any, field: str) -> str:
-    """Serialize to compact JSON or raise `SerializationError` naming ``field``."""
+#: PostgreSQL refuses a jsonb value over 255 MiB anyway.
+_PAYLOAD_LIMIT_CEILING = 255 * 1024 * 1024
+
+
+def _limit_from_env() -> int | None:
+    raw = os.environ.get("AWA_MAX_PAYLOAD_BYTES", "").strip().lower()
+    if not raw:
+        return states.PAYLOAD_MAX_BYTES
+    if raw in ("0", "none", "unlimited"):
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= _PAYLOAD_LIMIT_CEILING:
+        raise ValidationError("AWA_MAX_PAYLOAD_BYTES", "must be a number of bytes "
+                              f"(1-{_PAYLOAD_LIMIT_CEILING}), 0 or 'none'")
+    return int(raw)
+
+
+_payload_limit: int | None = _limit_from_env()
+
+
+def set_max_payload_bytes(limit: int | None) -> None:
+    """Largest JSON accepted for args, metadata and payloads in this process (None: no cap).
+
+    The default is `states.PAYLOAD_MAX_BYTES` (1 MiB), or ``$AWA_MAX_PAYLOAD_BYTES``.
+    """
+    global _payload_limit
+    if limit is not None:
+        check_int("max_payload_bytes", limit, 1, _PAYLOAD_LIMIT_CEILING)
+    _payload_limit = limit
+
+
+def max_payload_bytes() -> int | None:
+    """The cap `set_max_payload_bytes` set (None: no cap)."""
+    return _payload_limit
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _json_depth(text: str) -> int:
+    """Deepest nesting of a JSON text (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for ch in re.sub(r"[^\[\]{}]", "", _STRINGS.sub("", text)):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def dumps(value: Any, field: str, *, sized: bool = True) -> str:
+    """Serialize to compact JSON or raise `SerializationError` naming ``field``.
+
+    Also refuses, with a `ValidationError`, JSON nested deeper than
+    `states.JSON_MAX_DEPTH` and (when ``sized``) JSON larger than the payload cap.
+    """
     try:
         text = _ENCODER.encode(value)
+    except RecursionError:
+        raise ValidationError(field, f"nested deeper than {states.JSON_MAX_DEPTH} "
+                                     "levels of lists and objects") from None
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{field}: {exc}") from exc
     if "\\u0000" in text and _contains_nul(value):
         raise ValidationError(field, "must not contain NUL bytes")
-    if not text.isascii():
+    ascii_only = text.isascii()
+    if not ascii_only:
         _check_encodable(field, text)
+    limit = _payload_limit if sized else None
+    if limit is not None and len(text) > limit // 4 and (
+            len(text) > limit or (not ascii_only and len(text.encode()) > limit)):
+        raise ValidationError(field, f"at most {limit} bytes of JSON (AWA_MAX_PAYLOAD_BYTES / "
+                                     "awa.set_max_payload_bytes)")
+    if text.count("[") + text.count("{") > states.JSON_MAX_DEPTH \
+            and _json_depth(text) > states.JSON_MAX_DEPTH:
+        raise ValidationError(field, f"nested deeper than {states.JSON_MAX_DEPTH} "
+                                     "levels of lists and objects")
     return text
 
 
@@ -215,20 +283,25 @@ def _check_tags(tags: Any) -> list[str]:
     return list(tags)
 
 
-def _check_run_at(run_at: Any) -> datetime | None:
+def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
+    """A time to run at, as aware UTC, within `states.RUN_AT_MIN`..`RUN_AT_MAX` (or None)."""
     if run_at is None:
         return None
     if not isinstance(run_at, datetime):
-        raise ValidationError("run_at", "must be a datetime")
+        raise ValidationError(field, "must be a datetime")
     if run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=UTC)
     try:
         converted: datetime = run_at.astimezone(UTC)
-        return converted
-    except OverflowError as exc:
-        raise ValidationError(
-            "run_at", f"must be within years {states.RUN_AT_MIN_YEAR}-{states.RUN_AT_MAX_YEAR}"
-        ) from exc
+    except OverflowError:
+        converted = states.RUN_AT_MIN - _DAY if run_at.year == 1 else states.RUN_AT_MAX + _DAY
+    if not states.RUN_AT_MIN <= converted <= states.RUN_AT_MAX:
+        raise ValidationError(field, f"must be between {states.RUN_AT_MIN.date().isoformat()} "
+                                        f"and {states.RUN_AT_MAX.date().isoformat()} (UTC)")
+    return converted
+
+
+_DAY = timedelta(days=1)
 
 
 def parse_unique_opts(opts: Any) -> tuple[bool, bool, int | None, int] | None:
@@ -326,7 +399,7 @@ def _options(kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
     metadata = telemetry.with_traceparent(metadata)  # once per call, not per job
     return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
                     tags=_check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
-                    run_at=_check_run_at(run_at), unique=parse_unique_opts(unique_opts),
+                    run_at=check_run_at(run_at), unique=parse_unique_opts(unique_opts),
                     ordering_key=ordering_key)
 
 

@@ -68,6 +68,10 @@ class QueueHealth:
     max_workers: int
     min_workers: int
     weight: int
+    #: Claims that failed in a row (`CLAIM_FAILURES_UNHEALTHY` makes the worker
+    #: unhealthy), and the last failure's error.
+    claim_failures: int = 0
+    last_claim_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +121,8 @@ class Runtime:
         backlog_limit = max(4 * total, 128)
         self.dispatchers = {
             qc.name: Dispatcher(qc, pool, q, self.capacity, self._launch, poll,
-                                backlog=lambda: len(self.completer._pending) >= backlog_limit)
+                                backlog=lambda: len(self.completer._pending) >= backlog_limit,
+                                reject=self._reject)
             for qc in config.queues}
         self.completer.on_flushed = self._wake_all
         self.finalizer = Finalizer(self.completer, self.followups)
@@ -295,6 +300,16 @@ class Runtime:
             self.completer.observe_wait(job.queue, wait)
         telemetry.claimed(job, wait)
         self._job_tasks[(job.id, job.run_lease)] = asyncio.create_task(self._run(job))
+
+    def _reject(self, job_id: int, lease: int, error: str) -> None:
+        """Fail a claimed job that cannot even be decoded (see `Dispatcher`)."""
+        async def fail() -> None:
+            try:
+                await self.completer.write(job_id, lease, Outcome("fail", error=error,
+                                                                  terminal=True))
+            finally:
+                self._job_tasks.pop((job_id, lease), None)
+        self._job_tasks[(job_id, lease)] = asyncio.create_task(fail())
 
     async def _run(self, job: Job) -> None:
         """Run one job. The slot frees when the handler returns; the completion
@@ -497,10 +512,14 @@ class Runtime:
         fields = {"postgres_connected": health.postgres_connected,
                   "schema_compatible": schema_ok, "poll_loop_alive": health.poll_loop_alive,
                   "heartbeat_alive": health.heartbeat_alive,
+                  "claims_ok": all(h.claim_failures < states.CLAIM_FAILURES_UNHEALTHY
+                                   for h in health.queues.values()),
                   "shutting_down": health.shutting_down}
         ok = all(v for k, v in fields.items() if k != "shutting_down") \
             and not health.shutting_down
-        return ok, {"ready": ok, **fields}
+        failing = {name: h.last_claim_error for name, h in health.queues.items()
+                   if h.claim_failures >= states.CLAIM_FAILURES_UNHEALTHY}
+        return ok, {"ready": ok, **fields, **({"failing_queues": failing} if failing else {})}
 
     def metrics_text(self) -> str:
         """Prometheus text exposition of this process's counters and gauges."""
@@ -570,10 +589,14 @@ class Runtime:
                 in_flight=sum(1 for a in self._attempts.values() if a.queue == qc.name),
                 available=available.get(qc.name, 0),
                 max_workers=self.capacity.limit(qc.name), min_workers=qc.min_workers,
-                weight=qc.weight)
+                weight=qc.weight, claim_failures=self.dispatchers[qc.name].claim_failures,
+                last_claim_error=self.dispatchers[qc.name].last_claim_error)
             for qc in self.config.queues}
+        claiming = all(h.claim_failures < states.CLAIM_FAILURES_UNHEALTHY
+                       for h in queues.values())
         return HealthCheck(
-            healthy=connected and poll_alive and hb_alive and not self.shutting_down,
+            healthy=connected and poll_alive and hb_alive and claiming
+            and not self.shutting_down,
             postgres_connected=connected, poll_loop_alive=poll_alive, heartbeat_alive=hb_alive,
             shutting_down=self.shutting_down, leader=self.leader.is_leader, queues=queues,
             listen_enabled=self.listening)

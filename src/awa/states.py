@@ -7,7 +7,7 @@ parameters) so the rules cannot drift apart.
 from __future__ import annotations
 
 import enum
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 
 class JobState(enum.Enum):
@@ -65,7 +65,17 @@ PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 1000, 25
 NAME_MAX_LEN = 200  # kind and queue
 TAGS_MAX = 20
-RUN_AT_MIN_YEAR, RUN_AT_MAX_YEAR = 1, 9999
+#: The accepted ``run_at`` range (UTC, inclusive). The driver stores Python's
+#: ``datetime.min``/``datetime.max`` as -infinity/+infinity, which no claim or
+#: statistic can subtract from; a day's margin keeps every time zone inside.
+RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+RUN_AT_MAX = datetime(9999, 12, 30, tzinfo=UTC)
+#: Deepest nesting of lists and objects accepted in args, metadata and payloads
+#: (deeper JSON cannot be decoded back by Python's json without a RecursionError).
+JSON_MAX_DEPTH = 128
+#: Largest JSON accepted for args, metadata and callback payloads, in bytes
+#: (``AWA_MAX_PAYLOAD_BYTES`` or `awa.set_max_payload_bytes` change it).
+PAYLOAD_MAX_BYTES = 1024 * 1024
 DEFAULT_QUEUE = "default"
 #: scheduled, available, running, completed, retryable.
 UNIQUE_STATES_DEFAULT = 0b0001_1111
@@ -88,6 +98,9 @@ DEADLINE = timedelta(minutes=5)
 #: maintenance) gives up after this long, so a half-open connection (a NAT or
 #: proxy that silently stopped forwarding) is dropped instead of hanging a worker.
 RUNTIME_STATEMENT_TIMEOUT = timedelta(seconds=30)
+#: A queue whose claims failed this many times in a row makes `health_check()`
+#: (and ``/readyz``) report the worker unhealthy, naming the queue and the error.
+CLAIM_FAILURES_UNHEALTHY = 3
 #: The LISTEN connection is probed this often (and dropped when the probe times out).
 LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
 #: A busy queue (every slot but a few in use) waits this long for more slots to

@@ -232,7 +232,12 @@ def health(obj: dict[str, Any], addr: str | None, timeout: float, as_json: bool)
 
     async def check() -> int:
         async with awa.AsyncClient(obj["url"], max_connections=1, schema=obj["schema"]) as c:
-            return await c.check_schema()
+            version = await c.check_schema()
+            try:  # what every worker's claim and every dashboard reads must work too
+                await c.queue_stats()
+            except Exception as exc:
+                fail(f"queue statistics fail: {_first_line(exc)}")
+            return version
     try:
         version = asyncio.run(asyncio.wait_for(check(), timeout))
     except TimeoutError:

@@ -36,8 +36,10 @@ WITH open AS (
     WHERE c.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM awa.jobs r
         WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
+    -- Ages are float8 epoch differences: they cannot fail on any stored time.
     ORDER BY CASE WHEN $4::float8 > 0
-                  THEN greatest(1, priority - floor(extract(epoch FROM now() - run_at) / $4))
+                  THEN greatest(1, priority - floor((date_part('epoch', now())
+                                                     - date_part('epoch', run_at)) / $4))
                   ELSE priority END,
              run_at, id
     LIMIT $2

@@ -45,7 +45,9 @@ SELECT n.queue,
        coalesce(a.retryable, 0) AS retryable, coalesce(a.running, 0) AS running,
        coalesce(a.waiting_external, 0) AS waiting_external,
        coalesce(f.failed, 0) AS failed, coalesce(c.completed, 0) AS completed_last_hour,
-       extract(epoch FROM now() - a.oldest_available)::float8 AS lag_seconds,
+       CASE WHEN isfinite(a.oldest_available)
+            THEN date_part('epoch', now()) - date_part('epoch', a.oldest_available)
+       END AS lag_seconds,
        coalesce(q.paused, false) AS paused
 FROM names n
 LEFT JOIN active a ON a.queue = n.queue
@@ -65,7 +67,9 @@ GROUP BY queue
 -- active table (finished jobs live elsewhere), run by the leader every ~15 s.
 SELECT queue, state::text AS state, count(*) AS depth,
        CASE WHEN state = 'available'
-            THEN greatest(extract(epoch FROM now() - min(run_at))::float8, 0) END AS lag_seconds
+                 AND isfinite(min(run_at))
+            THEN greatest(date_part('epoch', now()) - date_part('epoch', min(run_at)), 0)
+       END AS lag_seconds
 FROM awa.jobs
 GROUP BY queue, state
 
