@@ -269,3 +269,27 @@ def test_payload_cap_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         producer._limit_from_env()
     assert err.value.field == "AWA_MAX_PAYLOAD_BYTES"
     assert json.loads(producer.dumps({"a": 1}, "args")) == {"a": 1}
+
+
+async def test_a_stored_row_too_deep_to_decode_fails_alone(client: awa.AsyncClient,
+                                                           conn: asyncpg.Connection) -> None:
+    # Only another writer can store this (Awa refuses it); Python cannot decode it.
+    await conn.execute("INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts)"
+                       " VALUES ('step', 'q', $1::text::jsonb, 'available', 1, 5)",
+                       '{"a":' + "[" * 3000 + "]" * 3000 + "}")
+    bad = await conn.fetchval("SELECT id FROM awa.jobs")
+    good = [(await client.insert({"n": i}, kind="step", queue="q")).id for i in range(3)]
+    assert (await client.get_job(bad)).args == {}  # readable, though not decodable
+
+    @client.task(kind="step", queue="q")
+    async def step(job: awa.Job) -> None:
+        return None
+
+    await client.start([("q", 2)], **FAST)
+    try:
+        for job_id in good:
+            await wait_for_state(client, job_id, awa.JobState.Completed)
+        failed = await wait_for_state(client, bad, awa.JobState.Failed)
+    finally:
+        await client.shutdown()
+    assert "nested too deeply" in failed.errors[0]["error"] and failed.errors[0]["terminal"]

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from awa import owned, producer, states, telemetry
 from awa.context import AttemptDb, JobContext
+from awa.db.pool import UndecodableJson
 from awa.errors import SerializationError, TerminalError
 from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
 from awa.tasks import Registry
@@ -111,6 +112,9 @@ class JobExecutor:
                      f"{socket.gethostname()}:{os.getpid()}")
             kind: OutcomeKind = "retry" if job.attempt < job.max_attempts else "fail"
             return None, Outcome(kind, error=error)
+        if isinstance(job.args, UndecodableJson):
+            return None, Outcome("fail", error="SerializationError: stored args are nested "
+                                 "too deeply to decode", terminal=True)
         try:
             args = spec.build_args(job.args)
         except Exception as exc:

@@ -39,13 +39,22 @@ def _encode_jsonb(value: Any) -> bytes:
 _JSON = json.JSONDecoder()
 
 
+class UndecodableJson(dict[str, Any]):
+    """Stands for a stored JSON value too deeply nested for Python to decode
+    (only another writer can store one: Awa refuses them). Empty, so it is
+    falsy and encodes as ``{}``; the executor fails a job whose args are one."""
+
+
 def _decode_jsonb(data: bytes) -> Any:
     # Every claimed row carries two JSON columns; on the hot path this is a
     # tenth of the worker's time with json.loads. The server's text is valid
     # JSON, so the decoder reads it in place (after the version byte) as str.
     if data == b"\x01{}":
         return {}
-    return _JSON.raw_decode(data.decode(), 1)[0]
+    try:
+        return _JSON.raw_decode(data.decode(), 1)[0]
+    except RecursionError:  # one such row must not fail the whole result
+        return UndecodableJson()
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:
