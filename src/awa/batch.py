@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypedDict, cast
 
 import asyncpg
@@ -128,7 +128,10 @@ def _time(field: str, value: Any) -> datetime:
             raise ValidationError(field, "must be an ISO-8601 time") from None
     if not isinstance(value, datetime):
         raise ValidationError(field, "must be a datetime or an ISO-8601 string")
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return producer.as_utc(value)
+    except (OverflowError, ValueError):
+        raise ValidationError(field, "is out of range") from None
 
 
 def _ids(value: Any) -> list[int]:

@@ -9,7 +9,7 @@ filter unless ``allow_all=True``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -67,7 +67,10 @@ def _opt_time(field: str, value: datetime | None) -> datetime | None:
         return None
     if not isinstance(value, datetime):
         raise ValidationError(field, "must be a datetime")
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:
+        return producer.as_utc(value)
+    except (OverflowError, ValueError):
+        raise ValidationError(field, "is out of range") from None
 
 
 async def list_dlq(db: Executor, q: Queries, *, kind: str | None = None,

@@ -283,17 +283,21 @@ def _check_tags(tags: Any) -> list[str]:
     return list(tags)
 
 
+def as_utc(value: datetime) -> datetime:
+    """``value`` in UTC; a naive datetime is local time, as `datetime.timestamp` reads it."""
+    converted: datetime = value.astimezone(UTC)
+    return converted
+
+
 def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
     """A time to run at, as aware UTC, within `states.RUN_AT_MIN`..`RUN_AT_MAX` (or None)."""
     if run_at is None:
         return None
     if not isinstance(run_at, datetime):
         raise ValidationError(field, "must be a datetime")
-    if run_at.tzinfo is None:
-        run_at = run_at.replace(tzinfo=UTC)
     try:
-        converted: datetime = run_at.astimezone(UTC)
-    except OverflowError:
+        converted = as_utc(run_at)
+    except (OverflowError, ValueError):  # beyond what Python can represent in UTC
         converted = states.RUN_AT_MIN - _DAY if run_at.year == 1 else states.RUN_AT_MAX + _DAY
     if not states.RUN_AT_MIN <= converted <= states.RUN_AT_MAX:
         raise ValidationError(field, f"must be between {states.RUN_AT_MIN.date().isoformat()} "

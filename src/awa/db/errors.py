@@ -6,12 +6,15 @@ an Awa error even if a driver message quoted a URL.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 import asyncpg
 
 from awa.db.dsn import redact
+from awa.db.migrations import migrations
 from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
 
 UNIQUE_CONSTRAINT = "awa_unique_claim"
@@ -29,13 +32,30 @@ def translate(exc: BaseException) -> AwaError | None:
             return UniqueConflict(f"a job with the same unique key already exists{suffix}",
                                   conflicting_job_id=holder)
         return DatabaseError(redact(str(exc)))
-    if isinstance(exc, asyncpg.UndefinedTableError | asyncpg.InvalidSchemaNameError
-                  | asyncpg.UndefinedObjectError | asyncpg.UndefinedFunctionError):
+    if isinstance(exc, asyncpg.InvalidSchemaNameError) or (
+            isinstance(exc, asyncpg.UndefinedTableError | asyncpg.UndefinedObjectError
+                       | asyncpg.UndefinedFunctionError) and _names_awa_object(str(exc))):
         return SchemaNotMigrated(f"the Awa schema is missing or out of date ({redact(str(exc))}); "
                                  "run `awa migrate` or `client.migrate()`")
     if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
         return DatabaseError(f"{type(exc).__name__}: {redact(str(exc))}")
     return None
+
+
+_QUALIFIED = re.compile(r"\b\w+\.(\w+)")
+
+
+@cache
+def _awa_objects() -> frozenset[str]:
+    """Names of every table, type and function Awa's migrations create."""
+    return frozenset(name for _, _, sql in migrations()
+                     for name in re.findall(r"\bawa\.(\w+)", sql))
+
+
+def _names_awa_object(message: str) -> bool:
+    """Whether a "does not exist" message names one of Awa's own objects (so the
+    schema is missing or old), rather than one of the application's."""
+    return any(name in _awa_objects() for name in _QUALIFIED.findall(message))
 
 
 @contextmanager
