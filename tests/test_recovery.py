@@ -111,7 +111,8 @@ async def test_deadline_rescue_flags_the_live_handler(client: awa.AsyncClient) -
         j = await client.get_job(job.id)
         return j if j.state is awa.JobState.Failed else None
     done = await wait_until(failed)
-    assert done.errors[-1]["error"] == "hard deadline exceeded"
+    assert done.errors[-1]["error"].startswith("hard deadline exceeded: the attempt ran longer")
+    assert "deadline_duration_ms" in done.errors[-1]["error"]
     assert done.errors[-1]["terminal"] is True
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal, cast
 
 import asyncpg
 
-from awa import admin, descriptors, overrides, states, telemetry
+from awa import admin, descriptors, joblog, overrides, states, telemetry
 from awa.capacity import Capacity
 from awa.completion import Completer
 from awa.config import RuntimeConfig
@@ -347,6 +347,7 @@ class Runtime:
             log.info("outcome of job %d not written (stale lease, or left for rescue)", job.id)
             return
         telemetry.outcome(job, done.outcome.kind)
+        joblog.outcome(job, done.outcome.kind, done.outcome.error, done.outcome.terminal)
         if done.outcome.kind != "completed":
             self.outcomes[(done.outcome.kind, job.queue)] += 1
         if done.trigger is not None:

@@ -109,10 +109,21 @@ def load_client(target: str) -> awa.AsyncClient:
 @click.option("--set", "options", multiple=True, metavar="KEY=VALUE",
               help="A start() option, e.g. --set poll_interval_ms=100 (repeatable).")
 @click.option("--shutdown-timeout-ms", default=5000, show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Job retries and rescues log at WARNING, failures at ERROR (logger awa.jobs).")
+@click.option("--log-format", default="text", show_default=True,
+              type=click.Choice(["text", "json"]), help="json: one object per line.")
 def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
-           shutdown_timeout_ms: int) -> None:
-    """Run a worker process for the client at MODULE:CLIENT until SIGTERM/SIGINT."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+           shutdown_timeout_ms: int, log_level: str, log_format: str) -> None:
+    """Run a worker process for the client at MODULE:CLIENT until SIGTERM/SIGINT.
+
+    \b
+    A handler gets 5 minutes per attempt by default; past that the attempt is
+    rescued as "hard deadline exceeded" and retried. Change it per queue with
+    deadline_duration_ms (0 turns it off), e.g. --set deadline_duration_ms=3600000.
+    """
+    configure_logging(log_level, log_format)
     sys.path.insert(0, ".")
     client = load_client(target)
     queue_list = None
@@ -142,6 +153,28 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
         await client.shutdown(timeout_ms=shutdown_timeout_ms)
         await client.close()
     _run(go())
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message and job fields."""
+
+    FIELDS = ("job_id", "kind", "queue", "attempt")
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"ts": self.formatTime(record), "level": record.levelname,
+                               "logger": record.name, "message": record.getMessage()}
+        out.update({k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """The worker's root logging: ``level`` and ``text`` or ``json`` lines on stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def _pid() -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from awa import telemetry
+from awa import joblog, telemetry
 from awa.context import JobContext
 from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService
@@ -69,7 +69,7 @@ class Rescuer(PeriodicService):
                 self.rescued += len(rows)
                 telemetry.rescued(rows)
                 for r in rows:
-                    log.info("rescued job %d (%s) -> %s", r["id"], r["kind"], r["outcome"])
+                    joblog.rescued(r)
                 if rows and self._on_rescued is not None:
                     await self._on_rescued(list(rows))
                 if len(rows) < RESCUE_BATCH:

@@ -178,14 +178,16 @@ WITH locked AS (
         LATERAL awa.finished(m.j, 'failed', $2::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE NOT m.to_dlq
-    RETURNING id, queue, kind, 'failed'::text AS outcome
+    RETURNING id, queue, kind, attempt, errors->-1->>'error' AS reason,
+              'failed'::text AS outcome
 ), dead AS (
     INSERT INTO awa.dlq
     SELECT f.*, 'callback_timeout', now(), f.run_lease FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $2::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE m.to_dlq
-    RETURNING id, queue, kind, 'failed'::text AS outcome
+    RETURNING id, queue, kind, attempt, errors->-1->>'error' AS reason,
+              'failed'::text AS outcome
 ), retried AS (
     UPDATE awa.jobs j
     SET state = 'retryable', run_at = now() + awa.retry_delay(j.attempt),
@@ -194,7 +196,8 @@ WITH locked AS (
         heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
     FROM expired e
     WHERE j.id = e.id AND e.plan = 'normal' AND j.attempt < j.max_attempts
-    RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome
+    RETURNING j.id, j.queue, j.kind, j.attempt, j.errors->-1->>'error' AS reason,
+              'retryable'::text AS outcome
 ), postponed AS (
     UPDATE awa.jobs j SET callback_timeout_at = now() + awa.retry_delay(j.attempt)
     FROM expired e

@@ -31,7 +31,11 @@ SELECT queue, count(*) AS n, pg_notify('awa_jobs', queue) FROM promoted GROUP BY
 -- when a DLQ-enabled queue took it). Each rescued id is notified on
 -- awa_cancel so a still-live handler learns it lost the job.
 WITH stale AS (
-    SELECT id, CASE WHEN deadline_at < now() THEN 'hard deadline exceeded'
+    SELECT id, CASE WHEN deadline_at < now()
+                    THEN format('hard deadline exceeded: the attempt ran longer than %s '
+                                '(the queue''s deadline_duration_ms, default 300000 = 5 '
+                                'minutes; 0 turns it off)',
+                                date_trunc('second', deadline_at - attempted_at))
                     ELSE 'heartbeat stale' END AS reason
     FROM awa.jobs
     WHERE state = 'running'
@@ -47,14 +51,16 @@ WITH stale AS (
         LATERAL awa.finished(m.j, 'failed', $3::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE NOT m.to_dlq
-    RETURNING id, queue, kind, 'failed'::text AS outcome, false AS dlq
+    RETURNING id, queue, kind, attempt, errors->-1->>'error' AS reason,
+              'failed'::text AS outcome, false AS dlq
 ), dead AS (
     INSERT INTO awa.dlq
     SELECT f.*, 'max_attempts_exhausted', now(), f.run_lease FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $3::interval,
                              awa.error_entry(m.reason, (m.j).attempt, true)) f
     WHERE m.to_dlq
-    RETURNING id, queue, kind, 'failed'::text AS outcome, true AS dlq
+    RETURNING id, queue, kind, attempt, errors->-1->>'error' AS reason,
+              'failed'::text AS outcome, true AS dlq
 ), retried AS (
     UPDATE awa.jobs j
     SET state = 'retryable', run_at = now() + awa.retry_delay(j.attempt),
@@ -63,7 +69,8 @@ WITH stale AS (
         heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
     FROM stale s
     WHERE j.id = s.id AND j.attempt < j.max_attempts
-    RETURNING j.id, j.queue, j.kind, 'retryable'::text AS outcome, false AS dlq
+    RETURNING j.id, j.queue, j.kind, j.attempt, j.errors->-1->>'error' AS reason,
+              'retryable'::text AS outcome, false AS dlq
 )
 SELECT r.*, pg_notify('awa_cancel', r.id::text)
 FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r
