@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import asyncpg
 import pytest
@@ -123,3 +127,46 @@ def test_worker_help_names_the_deadline() -> None:
                          capture_output=True, text=True, check=True).stdout
     assert "5 minutes" in out and "deadline_duration_ms" in out
     assert "--log-level" in out and "--log-format" in out
+
+
+class Tier(enum.Enum):
+    GOLD = "gold"
+    SILVER = "silver"
+
+
+@dataclass
+class Address:
+    city: str
+    since: date
+
+
+@dataclass
+class Invoice:
+    at: datetime
+    due: date
+    amount: Decimal
+    ref: uuid.UUID
+    tier: Tier
+    address: Address
+    lines: tuple[int, ...]
+    note: str | None = None
+
+
+async def test_typed_args_come_back_typed(client: awa.AsyncClient) -> None:
+    sent = Invoice(at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), due=date(2026, 2, 1),
+                   amount=Decimal("12.30"), ref=uuid.uuid4(), tier=Tier.GOLD,
+                   address=Address("Oslo", date(2020, 5, 17)), lines=(1, 2))
+    got: list[Invoice] = []
+
+    @client.task(Invoice, queue="q")
+    async def handle(job: awa.Job) -> None:
+        got.append(job.args)
+
+    job = await client.insert(sent, queue="q")
+    await client.start([("q", 1)], **FAST)
+    try:
+        await wait_for_state(client, job.id, awa.JobState.Completed)
+    finally:
+        await client.shutdown()
+    assert got == [sent]
+    assert isinstance(got[0].amount, Decimal) and isinstance(got[0].address, Address)

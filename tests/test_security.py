@@ -269,7 +269,7 @@ async def test_job_args_never_logged(client: awa.AsyncClient, database_url: str,
     assert sentinel not in "".join(r.getMessage() for r in caplog.records)
     assert sentinel not in out + err
     assert any("do not fit Strict" in r.getMessage() for r in caplog.records)
-    assert any("rescued job" in r.getMessage() for r in caplog.records)
+    assert any("rescued: heartbeat stale" in r.getMessage() for r in caplog.records)
 
 
 async def test_callbacks_need_a_valid_signature(client: awa.AsyncClient) -> None:

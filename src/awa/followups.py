@@ -18,9 +18,12 @@ taken; any other insert error rolls the whole outcome back. Lifecycle hooks
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -222,7 +225,38 @@ def _args_builder(args_type: Any) -> Callable[[dict[str, Any]], Any]:
     validate = getattr(args_type, "model_validate", None)
     if validate is not None:
         return cast(Callable[[dict[str, Any]], Any], validate)
+    if isinstance(args_type, type) and dataclasses.is_dataclass(args_type) \
+            and not _json_native_fields(args_type):
+        # Fields typed datetime, Decimal, UUID, Enum, a nested dataclass...:
+        # JSON brought them back as str/dict, so pydantic converts them back.
+        from pydantic import TypeAdapter
+
+        return TypeAdapter(args_type).validate_python
     return lambda data: args_type(**data)
+
+
+_NATIVE = (str, int, float, bool, type(None), object, Any)
+
+
+def _json_native_fields(cls: type) -> bool:
+    """Whether every field of dataclass ``cls`` comes back from JSON as its own type
+    (so the plain constructor, the fast path, rebuilds it exactly)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # names the hints refer to are not importable here
+        return True
+    return all(_native(hints[f.name]) for f in dataclasses.fields(cls) if f.name in hints)
+
+
+def _native(tp: Any) -> bool:
+    if tp in _NATIVE:
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return all(isinstance(a, str | int | bool | None) for a in args)
+    if origin in (list, dict, typing.Union, types.UnionType, Mapping, Sequence):
+        return all(_native(a) for a in args)
+    return False
 
 
 def _same(data: dict[str, Any]) -> dict[str, Any]:
