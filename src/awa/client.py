@@ -66,7 +66,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         self._producer_conn: PoolConnectionProxy | None = None
         self._producer_lock = asyncio.Lock()
         self._registry = Registry()
-        self._followups = FollowUpRegistry()
+        self._followups = FollowUpRegistry(router=self._registry.queue_for)
         self._schedules: dict[str, CronSchedule] = {}
         self._descriptors: dict[tuple[Scope, str], dict[str, Any]] = {}
         self._runtime: Runtime | None = None
@@ -198,7 +198,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
 
     async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
         """Enqueue one job; `UniqueConflict` if its unique key is taken."""
-        prepared = producer.prepare(args, **opts)
+        prepared = producer.prepare(args, **opts, router=self._registry.queue_for)
         async with self._producer() as conn:
             return await producer.insert_one(conn, self._q, prepared)
 
@@ -206,7 +206,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
                                opts: Sequence[Mapping[str, Any] | None] | None = None,
                                **defaults: Unpack[InsertOptions]) -> list[Job]:
         """Bulk insert through COPY; duplicate unique jobs are skipped."""
-        prepared = producer.prepare_many(jobs, opts, defaults)
+        prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
         async with self._producer() as conn:
             return await producer.insert_many(conn, self._q, prepared)
 
@@ -214,7 +214,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
                                 opts: Sequence[Mapping[str, Any] | None] | None = None,
                                 **defaults: Unpack[InsertOptions]) -> int:
         """The fastest bulk path (binary COPY); returns how many were inserted."""
-        prepared = producer.prepare_many(jobs, opts, defaults)
+        prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
         async with self._producer() as conn:
             return await producer.copy_many(conn, self._q, prepared)
 
@@ -226,7 +226,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
             async def release(c: Conn) -> None:
                 assert isinstance(c, PoolConnectionProxy)
                 await pool.release(c)
-            tx = Transaction(conn, self._q, release)
+            tx = Transaction(conn, self._q, release, router=self._registry.queue_for)
             try:
                 return await tx._begin()
             except BaseException:
@@ -304,12 +304,14 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         return register
 
     def periodic(self, name: str, cron_expr: str, args_type: Any, args: Any, *,
-                 timezone: str = "UTC", queue: str = states.DEFAULT_QUEUE,
+                 timezone: str = "UTC", queue: str | None = None,
                  priority: int = states.PRIORITY_DEFAULT,
                  max_attempts: int = states.MAX_ATTEMPTS_DEFAULT,
                  tags: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
                  missed_fire_policy: str = "coalesce") -> None:
-        """Declare a cron schedule (validated now; upserted when the worker starts)."""
+        """Declare a cron schedule (validated now; upserted when the worker starts).
+
+        With no ``queue``, its jobs go to the queue of the kind's registered task."""
         self._schedules[name] = CronSchedule.declare(
             name, cron_expr, args_type, args, timezone=timezone, queue=queue,
             priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
@@ -323,7 +325,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         pool = await self.pool()
         self._runtime = Runtime(pool, self._q, self._registry, config,
                                 await self.database_url(), self._followups)
-        await self._runtime.register(self._schedules, self._descriptors)
+        schedules = {name: s.routed(self._registry.queue_for)
+                     for name, s in self._schedules.items()}
+        await self._runtime.register(schedules, self._descriptors)
         await self._runtime.start()
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:

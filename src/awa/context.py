@@ -28,6 +28,7 @@ from awa.errors import AwaError, CallbackNotFound, ValidationError
 from awa.followups import StagingBuffer
 from awa.model import CallbackToken, Job
 from awa.options import InsertOptions
+from awa.producer import Router
 from awa.states import JobState
 from awa.transaction import Transaction
 
@@ -56,7 +57,8 @@ class AttemptDb:
 class JobContext:
     """A running attempt as the handler sees it (spec §3.4)."""
 
-    def __init__(self, job: Job, args: Any, db: AttemptDb | None = None) -> None:
+    def __init__(self, job: Job, args: Any, db: AttemptDb | None = None,
+                 router: Router | None = None) -> None:
         self._job = job
         self._args = args
         self._db = db
@@ -67,7 +69,7 @@ class JobContext:
         self._progress_dirty = False
         self._callback_id: str | None = None
         self._wake: asyncio.Event | None = None
-        self.staging = StagingBuffer()
+        self.staging = StagingBuffer(router)
         self._transaction: Transaction | None = None
         self.output_json: str | None = None
 

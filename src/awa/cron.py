@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -82,7 +82,7 @@ class CronSchedule:
     cron_expr: str
     timezone: str
     kind: str
-    queue: str
+    queue: str | None  #: None: the queue of the kind's task, resolved by `routed`
     args: dict[str, Any]
     priority: int = states.PRIORITY_DEFAULT
     max_attempts: int = states.MAX_ATTEMPTS_DEFAULT
@@ -92,7 +92,7 @@ class CronSchedule:
 
     @classmethod
     def declare(cls, name: str, cron_expr: str, args_type: Any, args: Any, *,
-                timezone: str = "UTC", queue: str = states.DEFAULT_QUEUE,
+                timezone: str = "UTC", queue: str | None = None,
                 priority: int = states.PRIORITY_DEFAULT,
                 max_attempts: int = states.MAX_ATTEMPTS_DEFAULT,
                 tags: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
@@ -112,8 +112,13 @@ class CronSchedule:
                    max_attempts=max_attempts, tags=list(prepared.tags),
                    metadata=dict(metadata or {}), missed_fire_policy=missed_fire_policy)
 
+    def routed(self, router: producer.Router) -> CronSchedule:
+        """This schedule with its queue decided: as declared, else the kind's task's."""
+        return self if self.queue is not None else replace(self, queue=router(self.kind))
+
     def upsert_params(self) -> tuple[Any, ...]:
-        return (self.name, self.cron_expr, self.timezone, self.kind, self.queue,
+        return (self.name, self.cron_expr, self.timezone, self.kind,
+                self.queue or states.DEFAULT_QUEUE,
                 producer.dumps(self.args, "args"), self.priority, self.max_attempts, self.tags,
                 producer.dumps(self.metadata, "metadata"), self.missed_fire_policy)
 

@@ -120,7 +120,7 @@ class JobExecutor:
         except Exception as exc:
             err = SerializationError(f"args of {job.kind!r} do not decode: {exc}")
             return None, Outcome("fail", error=describe_error(err), terminal=True)
-        return JobContext(job, args, self._db), None
+        return JobContext(job, args, self._db, self._registry.queue_for), None
 
     async def run(self, job: Job, ctx: JobContext) -> Outcome:
         """Run the handler of ``job`` and return its outcome (never raises).

@@ -35,7 +35,7 @@ from awa.db.queries import Queries
 from awa.errors import StagingError, UniqueConflict
 from awa.model import Job
 from awa.options import InsertOptions
-from awa.producer import PreparedJob
+from awa.producer import PreparedJob, Router
 
 log = logging.getLogger("awa.followups")
 
@@ -76,23 +76,24 @@ class JobEvent:
     error: str | None = None
 
 
-def to_request(value: Any, field_name: str = "follow-up") -> PreparedJob | None:
+def to_request(value: Any, router: Router | None = None) -> PreparedJob | None:
     """Validate what a spec returned (args, `EnqueueRequest`, request dict, None)."""
     if value is None:
         return None
     if isinstance(value, EnqueueRequest):
-        return producer.prepare(value.args, **value.options)
+        return producer.prepare(value.args, **value.options, router=router)
     if isinstance(value, Mapping) and "args" in value and set(value) <= (
             {"args"} | set(InsertOptions.__optional_keys__)):
         opts = {k: v for k, v in value.items() if k != "args"}
-        return producer.prepare(value["args"], **opts)
-    return producer.prepare(value)
+        return producer.prepare(value["args"], **opts, router=router)
+    return producer.prepare(value, router=router)
 
 
 class StagingBuffer:
     """One attempt's staged follow-ups: validated at staging, sealed at return."""
 
-    def __init__(self) -> None:
+    def __init__(self, router: Router | None = None) -> None:
+        self.router = router  #: where a request naming no queue goes (the kind's task)
         self.requests: list[PreparedJob] = []
         self.size = 0
         self.sealed = False
@@ -107,7 +108,7 @@ class StagingBuffer:
                 raise StagingError(f"at most {states.STAGED_FOLLOW_UPS_MAX} follow-ups "
                                    "may be staged per attempt")
             try:
-                prepared = producer.prepare(args, **opts)
+                prepared = producer.prepare(args, **opts, router=self.router)
             except TypeError:
                 raise
             except Exception as exc:
@@ -140,7 +141,8 @@ def trigger_kind(trigger_type: Any) -> str:
 class FollowUpRegistry:
     """Registered follow-up specs and lifecycle hooks of one client."""
 
-    def __init__(self) -> None:
+    def __init__(self, router: Router | None = None) -> None:
+        self._router = router
         self._specs: dict[tuple[Trigger, str], list[tuple[Callable[..., Any], int, Any]]] = {}
         self._hooks: list[tuple[str | None, frozenset[str], Callable[[JobEvent], Any]]] = []
 
@@ -169,7 +171,7 @@ class FollowUpRegistry:
                 continue
             try:
                 value = fn(args, job, context) if arity >= 3 else fn(args, job)
-                prepared = to_request(value)
+                prepared = to_request(value, self._router)
             except Exception:
                 log.exception("follow-up spec %s for %s job %d raised; skipped",
                               getattr(fn, "__name__", fn), trigger, job.id)

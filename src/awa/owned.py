@@ -59,7 +59,7 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
     db = ctx._db
     assert db is not None
     async with db.pool.acquire() as conn:
-        tx = OwnedTransaction(conn, db.q, _keep)
+        tx = OwnedTransaction(conn, db.q, _keep, router=ctx.staging.router)
         raw = tx._tx  # the runtime starts and ends it; the handler only uses ``tx``
         finished = False
 

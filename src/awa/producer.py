@@ -16,7 +16,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import PurePath
@@ -370,12 +370,16 @@ class PreparedJob:
         return JobState.Scheduled if self.run_at and self.run_at > now else JobState.Available
 
 
+#: A client's registered queue for a kind, for inserts that name no queue.
+Router = Callable[[str], str]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Options:
     """Validated insert options, shared by every job of a bulk insert."""
 
     kind: str | None
-    queue: str
+    queue: str | None  #: None: the kind's registered queue (`Router`), else "default"
     priority: int
     max_attempts: int
     tags: list[str]
@@ -383,17 +387,19 @@ class _Options:
     run_at: datetime | None
     unique: tuple[bool, bool, int | None, int] | None
     ordering_key: str | None
+    router: Router | None = None
 
 
-def _options(kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
+def _options(kind: str | None = None, queue: str | None = None,
              priority: int = states.PRIORITY_DEFAULT,
              max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
              metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
              unique_opts: Mapping[str, Any] | None = None,
-             ordering_key: str | None = None) -> _Options:
+             ordering_key: str | None = None, router: Router | None = None) -> _Options:
     if kind is not None:
         check_name("kind", kind)
-    check_name("queue", queue)
+    if queue is not None:
+        check_name("queue", queue)
     check_int("priority", priority, states.PRIORITY_MIN, states.PRIORITY_MAX)
     check_int("max_attempts", max_attempts, states.MAX_ATTEMPTS_MIN, states.MAX_ATTEMPTS_MAX)
     if metadata is not None and not isinstance(metadata, Mapping):
@@ -404,7 +410,7 @@ def _options(kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
     return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
                     tags=_check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
                     run_at=check_run_at(run_at), unique=parse_unique_opts(unique_opts),
-                    ordering_key=ordering_key)
+                    ordering_key=ordering_key, router=router)
 
 
 def _with_args(o: _Options, args: Any) -> PreparedJob:
@@ -416,33 +422,38 @@ def _with_args(o: _Options, args: Any) -> PreparedJob:
         check_name("kind", kind)
     unique = o.unique
     args_json = dumps(args_dict, "args")  # validates before the key hashes the args
-    key = unique_key(kind, o.queue, args_dict, *unique[:3]) if unique else None
+    queue = o.queue if o.queue is not None else (
+        o.router(kind) if o.router is not None else states.DEFAULT_QUEUE)
+    key = unique_key(kind, queue, args_dict, *unique[:3]) if unique else None
     return PreparedJob(
-        kind=kind, queue=o.queue, args=args_dict, args_json=args_json,
+        kind=kind, queue=queue, args=args_dict, args_json=args_json,
         priority=o.priority, max_attempts=o.max_attempts, run_at=o.run_at, tags=o.tags,
         metadata_json=o.metadata_json, unique_key=key,
         unique_states=unique[3] if unique else None, ordering_key=o.ordering_key)
 
 
-def prepare(args: Any, *, kind: str | None = None, queue: str = states.DEFAULT_QUEUE,
+def prepare(args: Any, *, kind: str | None = None, queue: str | None = None,
             priority: int = states.PRIORITY_DEFAULT,
             max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
             metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
             unique_opts: Mapping[str, Any] | None = None,
-            ordering_key: str | None = None) -> PreparedJob:
-    """Validate and serialize one job; raises before anything is written."""
+            ordering_key: str | None = None, router: Router | None = None) -> PreparedJob:
+    """Validate and serialize one job; raises before anything is written.
+
+    With no ``queue``, the job goes to ``router(kind)`` (the queue its task is
+    registered on) when a router is given, else to ``"default"``."""
     options = _options(kind, queue, priority, max_attempts, tags, metadata, run_at,
-                       unique_opts, ordering_key)
+                       unique_opts, ordering_key, router)
     return _with_args(options, args)
 
 
 def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] | None,
-                 defaults: Mapping[str, Any]) -> list[PreparedJob]:
+                 defaults: Mapping[str, Any], router: Router | None = None) -> list[PreparedJob]:
     """Prepare a batch; ``opts[i]`` overrides ``defaults`` for job ``i``."""
     if opts is not None and len(opts) != len(jobs):
         raise ValidationError("opts", "must have one entry per job")
     try:
-        shared = _options(**defaults)
+        shared = _options(**defaults, router=router)
     except TypeError as exc:
         raise TypeError(f"insert options: {exc}") from exc
     prepared = []
@@ -452,7 +463,7 @@ def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] |
             prepared.append(_with_args(shared, args))
             continue
         try:
-            prepared.append(prepare(args, **{**defaults, **own}))
+            prepared.append(prepare(args, **{**defaults, **own}, router=router))
         except TypeError as exc:
             raise TypeError(f"opts[{i}]: {exc}") from exc
     return prepared

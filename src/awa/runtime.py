@@ -41,7 +41,15 @@ from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.batch import BatchRunner
 from awa.maintenance.leader import LeaderElection
-from awa.maintenance.services import Cleaner, Heartbeat, Promoter, Rescuer, Vacuumer
+from awa.maintenance.services import (
+    UNSERVED_CHECK_INTERVAL,
+    Cleaner,
+    Heartbeat,
+    Promoter,
+    Rescuer,
+    UnservedQueueWarner,
+    Vacuumer,
+)
 from awa.model import Job
 from awa.overrides import OverrideWatcher
 from awa.presence import PRESENCE_INTERVAL, Presence
@@ -103,6 +111,7 @@ class Runtime:
                  followups: FollowUpRegistry | None = None) -> None:
         self.config = config
         self.followups = followups or FollowUpRegistry()
+        self._registry = registry
 
         self._pool = pool
         self._q = q
@@ -167,6 +176,7 @@ class Runtime:
             Presence(pool, q, PRESENCE_INTERVAL, self.instance_id, self._presence),
             telemetry.QueueGauges(pool, q, is_leader),
             OverrideWatcher(pool, q, [qc.name for qc in c.queues], self._apply_override),
+            UnservedQueueWarner(pool, q, UNSERVED_CHECK_INTERVAL, self._registry.kinds),
         ]
 
     def _apply_override(self, queue: str, row: Any | None) -> None:

@@ -65,6 +65,15 @@ class Registry:
     def get(self, kind: str) -> TaskSpec | None:
         return self._by_kind.get(kind)
 
+    def queue_for(self, kind: str) -> str:
+        """The queue ``kind``'s task serves: where an insert naming no queue goes."""
+        spec = self._by_kind.get(kind)
+        return spec.queue if spec is not None else DEFAULT_QUEUE
+
+    def kinds(self) -> list[str]:
+        """Every registered kind."""
+        return list(self._by_kind)
+
     def queues(self) -> list[str]:
         """Queues that have at least one task, in registration order."""
         return list(dict.fromkeys(s.queue for s in self._by_kind.values())) or [DEFAULT_QUEUE]

@@ -23,8 +23,10 @@ class Transaction:
     """An open transaction on one pooled connection (``$1`` placeholders)."""
 
     def __init__(self, conn: Conn, q: Queries,
-                 release: Callable[[Conn], Awaitable[None]]) -> None:
+                 release: Callable[[Conn], Awaitable[None]],
+                 router: producer.Router | None = None) -> None:
         self._conn = conn
+        self._router = router
         self._q = q
         self._release = release
         self._tx = conn.transaction()
@@ -67,13 +69,14 @@ class Transaction:
 
     async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
         """Enqueue one job inside this transaction."""
-        return await producer.insert_one(self._conn, self._q, producer.prepare(args, **opts))
+        prepared = producer.prepare(args, **opts, router=self._router)
+        return await producer.insert_one(self._conn, self._q, prepared)
 
     async def insert_many(self, jobs: Sequence[Any], *,
                           opts: Sequence[Mapping[str, Any] | None] | None = None,
                           **defaults: Unpack[InsertOptions]) -> list[Job]:
         """Enqueue many jobs inside this transaction (duplicate unique keys skipped)."""
-        prepared = producer.prepare_many(jobs, opts, defaults)
+        prepared = producer.prepare_many(jobs, opts, defaults, self._router)
         return await producer.insert_many(self._conn, self._q, prepared)
 
     async def commit(self) -> None:

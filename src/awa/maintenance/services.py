@@ -17,6 +17,10 @@ from awa.maintenance.base import PeriodicService
 log = logging.getLogger("awa.maintenance")
 PROMOTE_BATCH = 5000
 RESCUE_BATCH = 1000
+#: A worker seen this recently serves the queues it announced (presence is every 2 s).
+UNSERVED_SEEN = timedelta(seconds=30)
+#: How often each worker looks for its kinds waiting in queues nobody serves.
+UNSERVED_CHECK_INTERVAL = timedelta(seconds=30)
 VACUUM_MIN_DEAD = 10_000
 HOUR = timedelta(hours=1)
 #: VACUUM may take longer than the runtime's statement timeout on a big table.
@@ -211,3 +215,31 @@ class Heartbeat(PeriodicService):
                 self._lost(job_id)
             elif not written[job_id] and ctx is not None and text is not None:
                 ctx._restore_progress()  # row busy this beat: write the progress next time
+
+
+class UnservedQueueWarner(PeriodicService):
+    """Warns, once per kind and queue, about jobs of this worker's kinds waiting in
+    queues no live worker serves (an insert that named the wrong queue, say)."""
+
+    name = "unserved"
+    leader_only = False
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 kinds: Callable[[], list[str]]) -> None:
+        super().__init__(interval, lambda: True)
+        self._pool, self._q = pool, q
+        self._kinds = kinds
+        self.warned: set[tuple[str, str]] = set()
+
+    async def run_once(self) -> None:
+        kinds = self._kinds()
+        if not kinds:
+            return
+        rows = await self._pool.fetch(self._q["queue_unserved_kinds"], kinds, UNSERVED_SEEN)
+        for r in rows:
+            if (r["kind"], r["queue"]) in self.warned:
+                continue
+            self.warned.add((r["kind"], r["queue"]))
+            log.warning("jobs of kind %r wait in queue %r, which no running worker serves "
+                        "(this worker handles %r: serve that queue, or insert with queue=...)",
+                        r["kind"], r["queue"], r["kind"])

@@ -98,3 +98,29 @@ DO UPDATE SET completed = t.completed + EXCLUDED.completed, failed = t.failed + 
               wait_count = t.wait_count + EXCLUDED.wait_count,
               wait_ms_sum = t.wait_ms_sum + EXCLUDED.wait_ms_sum,
               wait_ms_max = greatest(t.wait_ms_max, EXCLUDED.wait_ms_max)
+
+-- name: queue_unserved_kinds
+-- Kinds of $1 with available jobs in queues that no worker seen in the last
+-- $2 serves: those jobs wait forever. The queues holding available jobs come
+-- from a loose scan of the claim index (one probe per queue, however deep
+-- the backlog), and each unserved queue is sampled, not counted whole.
+WITH RECURSIVE queues AS (
+    (SELECT queue FROM awa.jobs WHERE state = 'available' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM awa.jobs j
+            WHERE j.state = 'available' AND j.queue > queues.queue ORDER BY j.queue LIMIT 1)
+    FROM queues WHERE queues.queue IS NOT NULL
+), served AS (
+    SELECT jsonb_object_keys(queues) AS queue FROM awa.runtime_instances
+    WHERE last_seen_at > now() - $2::interval
+)
+SELECT q.queue, s.kind, s.sampled
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT kind, count(*) AS sampled
+    FROM (SELECT kind FROM awa.jobs j
+          WHERE j.state = 'available' AND j.queue = q.queue LIMIT 1000) x
+    WHERE kind = ANY($1::text[])
+    GROUP BY kind) s
+WHERE q.queue IS NOT NULL AND q.queue NOT IN (SELECT queue FROM served)
+ORDER BY 1, 2
