@@ -132,8 +132,31 @@ def awa_database_url(database_url: str) -> str:
     return database_url
 
 
+#: The optional suites: how a skipped test is recognised, and how to run it.
+OPTIONAL_SUITES = (
+    ("chaos", "tests/chaos/", "AWA_CHAOS=1"),
+    ("browser", "test_ui_browser", "apt-get install chromium (or set AWA_CHROMIUM)"),
+    ("pgbouncer", "test_pgbouncer", "apt-get install pgbouncer"),
+)
+
+
+def _optional_skips(terminalreporter: pytest.TerminalReporter) -> str | None:
+    """One line naming the optional suites this run skipped and how to enable each."""
+    counts = dict.fromkeys((name for name, _, _ in OPTIONAL_SUITES), 0)
+    for report in terminalreporter.stats.get("skipped", []):
+        for name, marker, _ in OPTIONAL_SUITES:
+            if marker in report.nodeid:
+                counts[name] += 1
+    parts = [f"{name} ({counts[name]} tests: {how})" for name, _, how in OPTIONAL_SUITES
+             if counts[name]]
+    return "optional suites skipped: " + "; ".join(parts) if parts else None
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """List the web UI screenshots the browser tests took in this run."""
+    """Say which optional suites were skipped; list the browser tests' screenshots."""
+    skipped = _optional_skips(terminalreporter)
+    if skipped:
+        terminalreporter.write_line(skipped)
     shots = Path(__file__).resolve().parent.parent / "build" / "ui-screenshots"
     fresh = sorted(p for p in shots.glob("*.png") if p.stat().st_mtime >= _STARTED)
     if fresh:

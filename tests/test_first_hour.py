@@ -242,3 +242,19 @@ async def test_a_worker_warns_once_about_its_kinds_in_unserved_queues(
     assert warnings == ["jobs of kind 'send_email' wait in queue 'emial', which no running "
                         "worker serves (this worker handles 'send_email': serve that queue, "
                         "or insert with queue=...)"]
+
+
+async def test_health_without_a_worker_speaks_for_the_database(
+        client: awa.AsyncClient, empty_database_url: str) -> None:
+    health = await client.health_check()
+    assert health.healthy and health.postgres_connected and health.schema_compatible
+    assert health.runtime == "not running" and not health.poll_loop_alive
+    async with awa.AsyncClient(empty_database_url) as unmigrated:
+        health = await unmigrated.health_check()
+    assert health.postgres_connected and not health.healthy
+    assert health.schema_compatible is False
+    await client.start([("q", 1)], **FAST)
+    try:
+        assert (await client.health_check()).runtime == "running"
+    finally:
+        await client.shutdown()

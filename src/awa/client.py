@@ -345,13 +345,18 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         """Liveness of this process's worker and its database connection."""
         if self._runtime is not None:
             return await self._runtime.health()
+        connected = schema_ok = False
         try:
-            await (await self.pool()).fetchval("SELECT 1")
-            connected = True
+            async with (await self.pool()).acquire() as conn:
+                connected = True
+                await migrations.check(conn, self.schema)
+                schema_ok = True
         except Exception:
-            connected = False
-        return HealthCheck(healthy=False, postgres_connected=connected, poll_loop_alive=False,
-                           heartbeat_alive=False, shutting_down=False, leader=False)
+            pass
+        # No worker here (a web process, say): healthy means the database and schema are.
+        return HealthCheck(healthy=schema_ok, postgres_connected=connected,
+                           poll_loop_alive=False, heartbeat_alive=False, shutting_down=False,
+                           leader=False, runtime="not running", schema_compatible=schema_ok)
 
 
 def _usable(conn: Conn) -> bool:

@@ -94,6 +94,10 @@ class HealthCheck:
     leader: bool
     queues: dict[str, QueueHealth] = field(default_factory=dict)
     listen_enabled: bool = False
+    #: "running", "shutting down", or "not running" (no worker started in this
+    #: process: then ``healthy`` speaks for the database and schema alone).
+    runtime: str = "running"
+    schema_compatible: bool | None = None  #: checked only when no worker runs
 
 
 @dataclass(slots=True)
@@ -610,4 +614,5 @@ class Runtime:
             and not self.shutting_down,
             postgres_connected=connected, poll_loop_alive=poll_alive, heartbeat_alive=hb_alive,
             shutting_down=self.shutting_down, leader=self.leader.is_leader, queues=queues,
-            listen_enabled=self.listening)
+            listen_enabled=self.listening,
+            runtime="shutting down" if self.shutting_down else "running")
