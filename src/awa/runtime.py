@@ -28,16 +28,16 @@ from awa.completion import Completer
 from awa.config import RuntimeConfig
 from awa.context import AttemptDb, JobContext
 from awa.cron import CronSchedule, CronService
-from awa.db import dsn, migrations
-from awa.db.dsn import redact
+from awa.db import migrations
 from awa.db.errors import translated
-from awa.db.pool import behind_pooler, connect, create_pool
+from awa.db.pool import create_pool
 from awa.db.queries import Queries
 from awa.descriptors import Scope
 from awa.dispatcher import Dispatcher
 from awa.executor import JobExecutor, Outcome
 from awa.finalize import Finalizer
 from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
+from awa.listener import Listener
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.batch import BatchRunner
 from awa.maintenance.leader import LeaderElection
@@ -62,8 +62,6 @@ RUNTIME_POOL_SIZE = 6
 #: Connections of the claim pool (claims, one per queue at a time, and completion
 #: batches; the flusher and, with few queues, each dispatcher keep theirs).
 CLAIM_POOL_SIZE = 3
-#: How long a LISTEN connection behind a pooler waits for its probe NOTIFY.
-LISTEN_PROBE_TIMEOUT = 3.0
 
 
 
@@ -149,7 +147,8 @@ class Runtime:
         self._dispatch_loops: list[asyncio.Task[None]] = []
         self._stop_claiming = asyncio.Event()
         self._stop_services = asyncio.Event()
-        self._listener: asyncpg.Connection | None = None
+        self.listener = Listener(database_url, pool, q, config.poll_interval.total_seconds(),
+                                 self._on_notify, self._wake_all)
         self._claim_pool: asyncpg.Pool | None = None
         self._runtime_pool: asyncpg.Pool | None = None
         self.health_server: HealthServer | None = None
@@ -251,7 +250,8 @@ class Runtime:
                                               self._readiness, self.metrics_text)
             await self.health_server.start()
         if self.config.listen:
-            self._listen_task = asyncio.create_task(self._listen_loop(), name="awa-listen")
+            self._listen_task = asyncio.create_task(self.listener.run(self._stop_services),
+                                                    name="awa-listen")
         for svc in self.services:  # presence, the jobs_done partitions (before claiming)
             try:
                 await svc.prepare()
@@ -292,8 +292,7 @@ class Runtime:
         if self._listen_task is not None:
             self._listen_task.cancel()
             await asyncio.gather(self._listen_task, return_exceptions=True)
-        if self._listener is not None and not self._listener.is_closed():
-            await self._listener.close()
+        await self.listener.close()
         if self.health_server is not None:
             await self.health_server.stop()
         try:
@@ -422,9 +421,8 @@ class Runtime:
 
     # -- LISTEN -------------------------------------------------------------------------
 
-    def _on_notify(self, _conn: Any, _pid: int, channel: str, payload: object) -> None:
-        if not isinstance(payload, str):
-            return
+    def _on_notify(self, channel: str, payload: str) -> None:
+        """A notification from the `Listener`: wake a queue, drop an attempt, or wake a waiter."""
         if channel == "awa_jobs":
             d = self.dispatchers.get(payload)
             if d is not None:
@@ -436,77 +434,9 @@ class Runtime:
             if attempt is not None:
                 attempt.ctx._notify()
 
-    async def _listen_loop(self) -> None:
-        """Keep a LISTEN connection open; reconnect after failures, poll meanwhile.
-
-        Behind a pooler, LISTEN is first proven with a NOTIFY sent through the
-        pool; a transaction pooler never delivers it, and the worker polls."""
-        delay = 0.1
-        poll_ms = round(self.config.poll_interval.total_seconds() * 1000)
-        probe_every = states.LISTEN_PROBE_INTERVAL.total_seconds()
-        probed_at = time.monotonic()
-        if dsn.parse(self._url).pooler:
-            log.info("pgbouncer=true: LISTEN/NOTIFY is not used behind a transaction "
-                     "pooler; polling every %d ms", poll_ms)
-            return
-        while not self._stop_services.is_set():
-            listener = self._listener
-            try:
-                if listener is None or listener.is_closed():
-                    self._listener = None
-                    listener = await connect(self._url)
-                    if await behind_pooler(self._url) and not await self._notify_reaches(
-                            listener):
-                        await listener.close()
-                        log.warning("LISTEN/NOTIFY does not work through this connection "
-                                    "pooler (transaction pooling?); polling every %d ms",
-                                    poll_ms)
-                        return
-                    await listener.add_listener("awa_jobs", self._on_notify)
-                    await listener.add_listener("awa_cancel", self._on_notify)
-                    await listener.add_listener("awa_callback", self._on_notify)
-                    self._listener = listener
-                    for d in self.dispatchers.values():
-                        d.wake()  # catch up on anything sent while disconnected
-                    delay = 0.1
-                    probed_at = time.monotonic()
-                await asyncio.sleep(self.config.poll_interval.total_seconds())
-                if time.monotonic() - probed_at >= probe_every:
-                    # A half-open connection delivers nothing and raises nothing: probe it.
-                    await listener.fetchval(self._q["connection_ping"], timeout=probe_every)
-                    probed_at = time.monotonic()
-            except asyncio.CancelledError:
-                if listener is not None and listener is not self._listener:
-                    listener.terminate()
-                raise
-            except Exception as exc:
-                log.warning("LISTEN connection unavailable (%s); polling every %d ms",
-                            redact(str(exc) or type(exc).__name__), poll_ms)
-                if listener is not None and not listener.is_closed():
-                    listener.terminate()  # a half-open one would never close by itself
-                self._listener = None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _notify_reaches(self, listener: asyncpg.Connection) -> bool:
-        """Send a NOTIFY through the pool; True if ``listener`` receives it."""
-        channel = f"awa_probe_{uuid.uuid4().hex}"
-        arrived = asyncio.Event()
-
-        def received(*_: object) -> None:
-            arrived.set()
-        await listener.add_listener(channel, received)
-        await self._pool.execute(self._q["connection_notify_probe"], channel)
-        try:
-            await asyncio.wait_for(arrived.wait(), LISTEN_PROBE_TIMEOUT)
-        except TimeoutError:
-            return False
-        await listener.remove_listener(channel, received)
-        return True
-
     @property
     def listening(self) -> bool:
-        return self._listener is not None and not self._listener.is_closed()
+        return self.listener.listening
 
     # -- health listener and metrics ------------------------------------------------
 
