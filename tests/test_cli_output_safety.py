@@ -10,6 +10,7 @@ one-line error, and long values are cut short unless ``--full``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import asyncpg
 
 import awa
+from awa.cli.output import SafeFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,3 +196,18 @@ async def test_long_values_are_cut_unless_full(database_url: str,
     assert flat in retried and "use --full" not in retried
     exact: Any = json.loads(ok(awa_cli(database_url, "job", "list", "--kind", "big", "--json")))
     assert exact[0]["args"] == {"big": big} and exact[0]["tags"] == ["y" * 1000]
+
+
+def test_worker_log_lines_are_escaped() -> None:
+    formatter = SafeFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError(EVIL)
+    except ValueError:
+        record = logging.LogRecord("awa", logging.WARNING, __file__, 1, "job of kind %s failed",
+                                   ("k" + EVIL,), sys.exc_info())
+    text = formatter.format(record)
+    assert not {ch for ch in text if ch in RAW}
+    first, *rest = text.split("\n")
+    assert first.startswith("WARNING job of kind k\\x1b]0;pwned\\x07|") and "\\u202e" in first
+    assert rest[0] == "Traceback (most recent call last):"  # the traceback keeps its lines
+    assert rest[-1].startswith("ValueError: \\x1b]0;pwned\\x07|\\x1b[2J|")

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from enum import Enum
@@ -230,8 +231,12 @@ class SafeFormatter(logging.Formatter):
         return printable(super().formatMessage(record))
 
     def formatException(self, ei: Any) -> str:
-        """The traceback, escaped line by line."""
-        return _lines(super().formatException(ei))
+        """The traceback, escaped: frames keep their lines, a message cannot add any."""
+        exc_type, exc, tb = ei
+        if exc is None:
+            return _lines(super().formatException(ei))
+        chunks = traceback.TracebackException(exc_type, exc, tb).format()
+        return "".join(_chunk(c) for c in chunks).rstrip("\n")
 
     def formatStack(self, stack_info: str) -> str:
         """The stack, escaped line by line."""
@@ -240,6 +245,16 @@ class SafeFormatter(logging.Formatter):
 
 def _lines(text: str) -> str:
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def _chunk(chunk: str) -> str:
+    """One piece of a formatted traceback: a frame keeps its lines; anything else (the
+    exception's message, the chaining notes) keeps only its leading and trailing breaks."""
+    if chunk.startswith("  File "):
+        return _lines(chunk)
+    core = chunk.strip("\n")
+    start = chunk.index(core) if core else len(chunk)
+    return chunk[:start] + printable(core) + chunk[start + len(core):]
 
 
 JOB_COLUMNS = ("id", "kind", "queue", "state", "priority", "attempt", "max_attempts",
