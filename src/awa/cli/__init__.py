@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 import awa
+from awa.cli.output import TOO_DEEP, SafeFormatter, SafeGroup, fail, first_line, say
 from awa.cli.progress import Bar, bars_enabled
 from awa.db import migrations
 from awa.db.dsn import redact
@@ -27,12 +28,13 @@ from awa.errors import AwaError
 def _run(coro: Any) -> Any:
     try:
         return asyncio.run(coro)
+    except RecursionError:
+        fail(TOO_DEEP)
     except (AwaError, ValueError, TypeError) as exc:
-        click.echo(f"error: {redact(str(exc))}", err=True)
-        sys.exit(1)
+        fail(redact(first_line(exc)))
 
 
-@click.group()
+@click.group(cls=SafeGroup)
 @click.option("--database-url", envvar="DATABASE_URL", default=None,
               help="PostgreSQL URL (default: $DATABASE_URL, else the embedded server).")
 @click.option("--schema", default="awa", show_default=True, help="Schema holding Awa's tables.")
@@ -65,7 +67,7 @@ def migrate(obj: dict[str, Any], print_sql: bool) -> None:
                     return await migrations.apply(conn, c.schema, progress=step)
     with Bar("migrating", enabled=bars_enabled()) as bar:
         applied = _run(go())
-    click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
+    say(f"applied migrations {applied}" if applied else "schema is up to date")
 
 
 @main.command()
@@ -77,17 +79,19 @@ def grants(obj: dict[str, Any], role: str, read_only: bool) -> None:
     from awa.db.roles import grants_sql
 
     try:
-        click.echo(grants_sql(role, read_only=read_only, schema=obj["schema"]), nl=False)
+        sql = grants_sql(role, read_only=read_only, schema=obj["schema"])
     except AwaError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        fail(first_line(exc))
+    click.echo(sql, nl=False)  # role and schema are validated identifiers
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(key: str, text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
         return text
+    except RecursionError:
+        fail(f"--set {key}: {TOO_DEEP}")
 
 
 def load_client(target: str) -> awa.AsyncClient:
@@ -95,10 +99,14 @@ def load_client(target: str) -> awa.AsyncClient:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise click.BadParameter("expected MODULE:CLIENT", param_hint="target")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {first_line(exc)}",
+                                 param_hint="target") from None
     client = getattr(module, attr, None)
     if not isinstance(client, awa.AsyncClient):
-        raise click.BadParameter(f"{target} is not an awa.AsyncClient", param_hint="target")
+        raise click.BadParameter(f"{target!r} is not an awa.AsyncClient", param_hint="target")
     return client
 
 
@@ -139,7 +147,7 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
         key, sep, value = spec.partition("=")
         if not sep:
             raise click.BadParameter(f"{spec!r} is not KEY=VALUE", param_hint="--set")
-        start_options[key] = _parse_value(value)
+        start_options[key] = _parse_value(key, value)
 
     async def go() -> None:
         stop = asyncio.Event()
@@ -172,7 +180,7 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str, fmt: str) -> None:
     """The worker's root logging: ``level`` and ``text`` or ``json`` lines on stderr."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+    handler.setFormatter(JsonFormatter() if fmt == "json" else SafeFormatter(  # escaped text
         "%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 

@@ -20,7 +20,15 @@ from awa.batch import (
 )
 from awa.cli import main
 from awa.cli.jobs import json_option, yes_option
-from awa.cli.output import JOB_COLUMNS, confirm, emit, fail, run_with_client
+from awa.cli.output import (
+    JOB_COLUMNS,
+    confirm,
+    emit,
+    fail,
+    full_option,
+    run_with_client,
+    say,
+)
 
 OP_COLUMNS = ("id", "state", "change", "progress", "skipped", "errored", "submitted_at")
 FILTER_HELP = "--queue, --kind, --tag, --id, --state, --created-after or --created-before"
@@ -71,13 +79,12 @@ def _describe(op_kind: str, spec: dict[str, Any]) -> str:
     return f"move to queue {spec['queue']}{extra}"
 
 
-def _emit_preview(preview: BatchOperationPreview, as_json: bool) -> None:
+def _emit_preview(preview: BatchOperationPreview, as_json: bool, full: bool) -> None:
     if as_json:
         emit(preview, True)
         return
-    click.echo(f"{preview['total_matched']} queued jobs match; the first "
-               f"{len(preview['sample'])}:")
-    emit(preview["sample"], False, JOB_COLUMNS, title="sample")
+    say(f"{preview['total_matched']} queued jobs match; the first {len(preview['sample'])}:")
+    emit(preview["sample"], False, JOB_COLUMNS, title="sample", full=full)
 
 
 @batch.group("preview")
@@ -88,28 +95,30 @@ def preview() -> None:
 @preview.command("set-priority")
 @click.argument("priority")
 @_filter_options
+@full_option
 @json_option
 @click.pass_obj
-def preview_set_priority(obj: dict[str, Any], /, priority: str, as_json: bool,
+def preview_set_priority(obj: dict[str, Any], /, priority: str, full: bool, as_json: bool,
                          **kw: Any) -> None:
     """Preview giving matching queued jobs PRIORITY (1 = most urgent, 4)."""
     f, spec = _filter(kw), _spec("set_priority", priority, None)
     _emit_preview(run_with_client(obj, lambda c: c.preview_batch_operation(
-        "set_priority", spec=spec, filter=f)), as_json)
+        "set_priority", spec=spec, filter=f)), as_json, full)
 
 
 @preview.command("move-queue")
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--priority", type=int, default=None, help="Also set this priority.")
 @_filter_options
+@full_option
 @json_option
 @click.pass_obj
 def preview_move_queue(obj: dict[str, Any], /, queue_name: str, priority: int | None,
-                       as_json: bool, **kw: Any) -> None:
+                       full: bool, as_json: bool, **kw: Any) -> None:
     """Preview moving matching queued jobs to QUEUE."""
     f, spec = _filter(kw), _spec("move_queue", queue_name, priority)
     _emit_preview(run_with_client(obj, lambda c: c.preview_batch_operation(
-        "move_queue", spec=spec, filter=f)), as_json)
+        "move_queue", spec=spec, filter=f)), as_json, full)
 
 
 def _submit(obj: dict[str, Any], op_kind: BatchOperationKind, spec: dict[str, Any],
@@ -128,8 +137,8 @@ def _submit(obj: dict[str, Any], op_kind: BatchOperationKind, spec: dict[str, An
     if as_json:
         emit(op, True)
     else:
-        click.echo(f"submitted {op['id']}; a worker's maintenance leader runs it "
-                   f"(awa batch show {op['id']})")
+        say(f"submitted {op['id']}; a worker's maintenance leader runs it "
+            f"(awa batch show {op['id']})")
 
 
 _all_option = click.option("--all", "allow_all", is_flag=True,
@@ -171,9 +180,11 @@ def move_queue(obj: dict[str, Any], /, queue_name: str, priority: int | None, al
 @batch.command("list")
 @click.option("--state", default=None, help="Only operations in this state.")
 @click.option("--limit", default=50, show_default=True)
+@full_option
 @json_option
 @click.pass_obj
-def list_operations(obj: dict[str, Any], state: str | None, limit: int, as_json: bool) -> None:
+def list_operations(obj: dict[str, Any], state: str | None, limit: int, full: bool,
+                    as_json: bool) -> None:
     """Batch operations, newest first."""
     chosen = cast("BatchOperationState | None", state)
     ops = run_with_client(obj, lambda c: c.list_batch_operations(state=chosen, limit=limit))
@@ -182,7 +193,7 @@ def list_operations(obj: dict[str, Any], state: str | None, limit: int, as_json:
         return
     rows = [{**op, "change": _change(op["spec"]),
              "progress": f"{op['processed']}/{_or_unknown(op['total_matched'])}"} for op in ops]
-    emit(rows, False, OP_COLUMNS, title="batch operations")
+    emit(rows, False, OP_COLUMNS, title="batch operations", full=full)
 
 
 def _or_unknown(n: int | None) -> str:
@@ -198,11 +209,13 @@ def _change(spec: dict[str, Any]) -> str:
 
 @batch.command("show")
 @click.argument("operation_id")
+@full_option
 @json_option
 @click.pass_obj
-def show(obj: dict[str, Any], operation_id: str, as_json: bool) -> None:
+def show(obj: dict[str, Any], operation_id: str, full: bool, as_json: bool) -> None:
     """One batch operation and its progress."""
-    emit(run_with_client(obj, lambda c: c.get_batch_operation(operation_id)), as_json)
+    emit(run_with_client(obj, lambda c: c.get_batch_operation(operation_id)), as_json,
+         full=full)
 
 
 @batch.command("cancel")

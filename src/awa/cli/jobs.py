@@ -11,7 +11,16 @@ import click
 import awa
 from awa import bulk
 from awa.cli import main
-from awa.cli.output import JOB_COLUMNS, confirm, emit, fail, run_with_client
+from awa.cli.output import (
+    JOB_COLUMNS,
+    TOO_DEEP,
+    confirm,
+    emit,
+    emit_document,
+    fail,
+    full_option,
+    run_with_client,
+)
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -28,56 +37,64 @@ def job() -> None:
 @click.option("--kind", default=None)
 @click.option("--queue", default=None)
 @click.option("--limit", default=50, show_default=True)
+@full_option
 @json_option
 @click.pass_obj
 def job_list(obj: dict[str, Any], state: str | None, kind: str | None, queue: str | None,
-             limit: int, as_json: bool) -> None:
+             limit: int, full: bool, as_json: bool) -> None:
     """Jobs, newest first."""
     jobs = run_with_client(obj, lambda c: c.list_jobs(state=state, kind=kind, queue=queue,
                                                       limit=limit))
-    emit(jobs, as_json, JOB_COLUMNS, title="jobs")
+    emit(jobs, as_json, JOB_COLUMNS, title="jobs", full=full)
 
 
 @job.command("dump")
 @click.argument("job_id", type=int)
+@full_option
+@click.option("--json", "as_json", is_flag=True, help="The exact JSON (implies --full).")
 @click.pass_obj
-def job_dump(obj: dict[str, Any], job_id: int) -> None:
-    """Every field of one job, as JSON."""
-    click.echo(run_with_client(obj, lambda c: c.dump_job(job_id)))
+def job_dump(obj: dict[str, Any], job_id: int, full: bool, as_json: bool) -> None:
+    """Every field of one job, as JSON (fields over 64 KiB cut short unless --full)."""
+    emit_document(run_with_client(obj, lambda c: c.dump_job(job_id)), as_json, full)
 
 
 @job.command("dump-run")
 @click.argument("job_id", type=int)
 @click.option("--attempt", type=int, default=None)
+@full_option
+@click.option("--json", "as_json", is_flag=True, help="The exact JSON (implies --full).")
 @click.pass_obj
-def job_dump_run(obj: dict[str, Any], job_id: int, attempt: int | None) -> None:
-    """One attempt of a job (default: the latest), as JSON."""
-    click.echo(run_with_client(obj, lambda c: c.dump_run(job_id, attempt)))
+def job_dump_run(obj: dict[str, Any], job_id: int, attempt: int | None, full: bool,
+                 as_json: bool) -> None:
+    """One attempt of a job (default: the latest), as JSON (long fields cut unless --full)."""
+    emit_document(run_with_client(obj, lambda c: c.dump_run(job_id, attempt)), as_json, full)
 
 
 @job.command("retry")
 @click.argument("job_id", type=int)
 @yes_option
+@full_option
 @json_option
 @click.pass_obj
-def job_retry(obj: dict[str, Any], job_id: int, yes: bool, as_json: bool) -> None:
+def job_retry(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json: bool) -> None:
     """Send a failed, cancelled or waiting job back to available."""
     confirm(yes, f"Retry job {job_id}?")
-    emit(run_with_client(obj, lambda c: c.retry(job_id)), as_json)
+    emit(run_with_client(obj, lambda c: c.retry(job_id)), as_json, full=full)
 
 
 @job.command("cancel")
 @click.argument("job_id", type=int)
 @yes_option
+@full_option
 @json_option
 @click.pass_obj
-def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, as_json: bool) -> None:
+def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json: bool) -> None:
     """Cancel an unfinished job (a running handler is told)."""
     confirm(yes, f"Cancel job {job_id}?")
     cancelled = run_with_client(obj, lambda c: c.cancel(job_id))
     if cancelled is None:
         fail(f"job {job_id} had already finished")
-    emit(cancelled, as_json)
+    emit(cancelled, as_json, full=full)
 
 
 @job.command("retry-failed")
@@ -120,22 +137,25 @@ def job_discard(obj: dict[str, Any], kind: str, chunk_size: int, yes: bool,
 @click.option("--count", default=1, show_default=True, help="How many copies to enqueue.")
 @click.option("--chunk-size", type=click.IntRange(1, 100_000), default=5000,
               show_default=True, help="Jobs per COPY (one progress step each).")
+@full_option
 @json_option
 @click.pass_obj
 def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority: int,
-            count: int, chunk_size: int, as_json: bool) -> None:
+            count: int, chunk_size: int, full: bool, as_json: bool) -> None:
     """Enqueue ad-hoc jobs of KIND (many copies go in by COPY, a chunk at a time)."""
     try:
         args = json.loads(args_json)
     except ValueError as exc:
         fail(f"--args is not JSON: {exc}")
+    except RecursionError:
+        fail(f"--args: {TOO_DEEP}")
     if not isinstance(args, dict):
         fail("--args must be a JSON object")
     if count < 1:
         fail("--count must be at least 1")
     if count == 1:
         emit(run_with_client(obj, lambda c: c.insert(args, kind=kind, queue=queue,
-                                                     priority=priority)), as_json)
+                                                     priority=priority)), as_json, full=full)
         return
 
     async def work(c: awa.AsyncClient, step: Callable[[int], None]) -> int:

@@ -14,7 +14,16 @@ import awa
 from awa import bulk
 from awa.cli import main
 from awa.cli.jobs import json_option, yes_option
-from awa.cli.output import JOB_COLUMNS, confirm, emit, fail, run_with_client
+from awa.cli.output import (
+    JOB_COLUMNS,
+    confirm,
+    emit,
+    fail,
+    first_line,
+    full_option,
+    run_with_client,
+    say,
+)
 from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.errors import SchemaNotMigrated
 from awa.web.health import parse_addr
@@ -26,14 +35,15 @@ def queue() -> None:
 
 
 @queue.command("stats")
+@full_option
 @json_option
 @click.pass_obj
-def queue_stats(obj: dict[str, Any], as_json: bool) -> None:
+def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
     """Counts per state, completions in the last hour, lag and pause, per queue."""
     stats = run_with_client(obj, lambda c: c.queue_stats())
     emit(stats, as_json, ("queue", "available", "scheduled", "retryable", "running",
                           "waiting_external", "failed", "completed_last_hour", "lag_seconds",
-                          "paused"), title="queues")
+                          "paused"), title="queues", full=full)
 
 
 @queue.command("pause")
@@ -43,7 +53,7 @@ def queue_stats(obj: dict[str, Any], as_json: bool) -> None:
 def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None) -> None:
     """Stop workers claiming from a queue (inserts still succeed)."""
     run_with_client(obj, lambda c: c.pause_queue(name, paused_by))
-    click.echo(f"paused {name}")
+    say(f"paused {name}")
 
 
 @queue.command("resume")
@@ -52,7 +62,7 @@ def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None) -> None:
 def queue_resume(obj: dict[str, Any], name: str) -> None:
     """Let workers claim from a queue again."""
     run_with_client(obj, lambda c: c.resume_queue(name))
-    click.echo(f"resumed {name}")
+    say(f"resumed {name}")
 
 
 @queue.command("drain")
@@ -62,7 +72,7 @@ def queue_resume(obj: dict[str, Any], name: str) -> None:
 def queue_drain(obj: dict[str, Any], name: str, yes: bool) -> None:
     """Cancel every job of a queue that is waiting to run."""
     confirm(yes, f"Cancel every waiting job of queue {name}?")
-    click.echo(f"cancelled {run_with_client(obj, lambda c: c.drain_queue(name))} jobs")
+    say(f"cancelled {run_with_client(obj, lambda c: c.drain_queue(name))} jobs")
 
 
 @main.group()
@@ -81,15 +91,17 @@ def _filters(f: Any) -> Any:
 @_filters
 @click.option("--before-id", type=int, default=None)
 @click.option("--limit", default=50, show_default=True)
+@full_option
 @json_option
 @click.pass_obj
 def dlq_list(obj: dict[str, Any], kind: str | None, queue: str | None, tag: str | None,
-             before_id: int | None, limit: int, as_json: bool) -> None:
+             before_id: int | None, limit: int, full: bool, as_json: bool) -> None:
     """Dead-lettered jobs, newest first."""
     entries = run_with_client(obj, lambda c: c.list_dlq(kind=kind, queue=queue, tag=tag,
                                                         before_id=before_id, limit=limit))
     rows = [{**e.job.to_dict(), "reason": e.reason, "dlq_at": e.dlq_at} for e in entries]
-    emit(rows, as_json, (*JOB_COLUMNS[:4], "attempt", "reason", "dlq_at"), title="dlq")
+    emit(rows, as_json, (*JOB_COLUMNS[:4], "attempt", "reason", "dlq_at"), title="dlq",
+         full=full)
 
 
 @dlq.command("depth")
@@ -110,17 +122,18 @@ def dlq_depth(obj: dict[str, Any], queue: str | None, as_json: bool) -> None:
 @click.option("--queue", default=None)
 @click.option("--priority", type=int, default=None)
 @yes_option
+@full_option
 @json_option
 @click.pass_obj
 def dlq_retry(obj: dict[str, Any], job_id: int, queue: str | None, priority: int | None,
-              yes: bool, as_json: bool) -> None:
+              yes: bool, full: bool, as_json: bool) -> None:
     """Re-enqueue one dead-lettered job."""
     confirm(yes, f"Retry dead-lettered job {job_id}?")
     job = run_with_client(obj, lambda c: c.retry_from_dlq(job_id, queue=queue,
                                                           priority=priority))
     if job is None:
         fail(f"job {job_id} is not in the dead letter queue")
-    emit(job, as_json)
+    emit(job, as_json, full=full)
 
 
 @dlq.command("retry-bulk")
@@ -156,7 +169,7 @@ def dlq_move(obj: dict[str, Any], job_id: int, reason: str, yes: bool) -> None:
     confirm(yes, f"Move failed job {job_id} to the dead letter queue?")
     if run_with_client(obj, lambda c: c.move_failed_to_dlq(job_id, reason)) is None:
         fail(f"job {job_id} is not a failed job")
-    click.echo(f"moved {job_id}")
+    say(f"moved {job_id}")
 
 
 @dlq.command("purge")
@@ -190,13 +203,14 @@ def cron() -> None:
 
 
 @cron.command("list")
+@full_option
 @json_option
 @click.pass_obj
-def cron_list(obj: dict[str, Any], as_json: bool) -> None:
+def cron_list(obj: dict[str, Any], full: bool, as_json: bool) -> None:
     """Every schedule, with its next fire time."""
     emit(run_with_client(obj, lambda c: c.list_cron_jobs()), as_json,
          ("name", "cron_expr", "timezone", "kind", "queue", "paused", "last_fire_at",
-          "next_fire_at"), title="cron")
+          "next_fire_at"), title="cron", full=full)
 
 
 def _cron_action(verb: str, method: str) -> None:
@@ -207,7 +221,7 @@ def _cron_action(verb: str, method: str) -> None:
         result = run_with_client(obj, lambda c: getattr(c, method)(name))
         if result is False:
             fail(f"no cron schedule named {name!r}")
-        click.echo(f"{verb}: {name}")
+        say(f"{verb}: {name}")
     command.__doc__ = f"{verb.capitalize()} a schedule."
 
 
@@ -236,22 +250,17 @@ def health(obj: dict[str, Any], addr: str | None, timeout: float, as_json: bool)
             try:  # what every worker's claim and every dashboard reads must work too
                 await c.queue_stats()
             except Exception as exc:
-                fail(f"queue statistics fail: {_first_line(exc)}")
+                fail(f"queue statistics fail: {first_line(exc)}")
             return version
     try:
         version = asyncio.run(asyncio.wait_for(check(), timeout))
     except TimeoutError:
         fail(f"database did not answer within {timeout:g}s")
     except SchemaNotMigrated as exc:
-        fail(_first_line(exc))
+        fail(first_line(exc))
     except Exception as exc:  # a probe reports every failure as one line, never a traceback
-        fail(f"database unreachable: {_first_line(exc)}")
+        fail(f"database unreachable: {first_line(exc)}")
     emit({"healthy": True, "postgres_connected": True, "schema_version": version}, as_json)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def readyz_url(addr: str) -> str:
@@ -274,7 +283,7 @@ def fetch_readiness(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
         status, body = exc.code, exc.read()
     try:
         payload = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         payload = None
     if not isinstance(payload, dict):
         raise ValueError(f"{url} answered HTTP {status} without a health payload")

@@ -1,11 +1,21 @@
-"""How the CLI talks back: rich tables for people, JSON for machines, one-line errors."""
+"""How the CLI talks back: rich tables for people, JSON for machines, one-line errors.
+
+Everything printed for people goes through this module, which makes data from
+the database safe for a terminal: control characters (C0, DEL, C1), bidi
+overrides and isolates and line separators are shown as escapes (``\\x1b``,
+``\\n``, ``\\u202e``), rich markup in data is printed literally, and long
+values are cut short with a marker unless ``--full`` is given. ``--json`` output
+is exact (``json.dumps``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+import logging
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from enum import Enum
@@ -14,11 +24,59 @@ from typing import Any, NoReturn, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import awa
 from awa.errors import AwaError
 
 T = TypeVar("T")
+
+#: Longest text shown in a table cell (escaped characters count as shown).
+CELL_LIMIT = 200
+#: Longest value shown in key/value output and ``job dump`` (per field).
+VALUE_LIMIT = 64 * 1024
+#: The one-line error for input or stored JSON nested deeper than Python can follow.
+TOO_DEEP = "a value is nested too deeply (JSON arrays and objects inside each other)"
+
+_BIDI_AND_SEPARATORS = (0x061C, 0x200E, 0x200F, 0x2028, 0x2029, *range(0x202A, 0x202F),
+                        *range(0x2066, 0x206A))
+#: Characters a terminal could act on, or that reorder or break a line, and how they show.
+_ESCAPES: dict[int, str] = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r",
+    **{c: f"\\u{c:04x}" for c in _BIDI_AND_SEPARATORS},
+}
+#: The same characters, except C0 (which ``json.dumps`` escapes), as JSON escapes.
+_JSON_ESCAPES: dict[int, str] = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0),
+                                                              *_BIDI_AND_SEPARATORS)}
+
+full_option = click.option("--full", is_flag=True,
+                           help="Show long values whole instead of cut short.")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control, bidi and line-separator character shown as an escape."""
+    return text.translate(_ESCAPES)
+
+
+def clip(text: str, limit: int | None) -> str:
+    """``printable(text)``, cut to ``limit`` shown characters with a marker (None: whole)."""
+    if limit is None:
+        return printable(text)
+    if len(text) <= limit:
+        shown = printable(text)
+        if len(shown) <= limit:
+            return shown
+    pieces: list[str] = []
+    used = 0
+    for i, ch in enumerate(text):
+        piece = _ESCAPES.get(ord(ch), ch)
+        if used + len(piece) > limit:
+            rest = len(text[i:].encode("utf-8", "surrogatepass"))
+            return "".join(pieces) + f"… (+{rest} bytes, use --full)"
+        pieces.append(piece)
+        used += len(piece)
+    return "".join(pieces)
 
 
 def plain(value: Any) -> Any:
@@ -41,39 +99,71 @@ def plain(value: Any) -> Any:
 
 
 def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
-         title: str | None = None) -> None:
-    """Print ``data``: JSON, or a table of ``columns`` (rows are dicts), or a line."""
+         title: str | None = None, *, full: bool = False) -> None:
+    """Print ``data``: exact JSON, or a table of ``columns`` (rows are dicts), or key/value
+    lines, or a line; human output is escaped and long values cut unless ``full``."""
     data = plain(data)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
     if columns is not None and isinstance(data, list):
-        table = Table(title=title)
+        table = Table(title=Text(printable(title)) if title else None)
         for column in columns:
-            table.add_column(column)
+            table.add_column(Text(printable(column)))
+        limit = None if full else CELL_LIMIT
         for row in data:
-            table.add_row(*[_cell(row.get(c)) for c in columns])
+            table.add_row(*[Text(clip(_cell(row.get(c)), limit), overflow="fold")
+                            for c in columns])
         Console().print(table)
     elif isinstance(data, dict):
-        width = max((len(k) for k in data), default=0)
+        keys = {key: printable(key) for key in data}
+        width = max((len(k) for k in keys.values()), default=0)
         for key, value in data.items():
-            click.echo(f"{key:<{width}}  {_cell(value)}")
+            shown = clip(_cell(value), None if full else VALUE_LIMIT)
+            click.echo(f"{keys[key]:<{width}}  {shown}")
     else:
-        click.echo(str(data))
+        say(str(data))
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, dict | list):
-        return json.dumps(value, default=str)
+        return json.dumps(value, default=str, ensure_ascii=False)
     return str(value)
+
+
+def emit_document(text: str, as_json: bool, full: bool) -> None:
+    """Print a JSON document the library built (``job dump``): exact with ``as_json``, else
+    still valid JSON with unsafe characters escaped and fields over 64 KiB cut unless ``full``."""
+    if as_json:
+        click.echo(text)
+        return
+    doc = json.loads(text)
+    if isinstance(doc, dict) and not full and len(text) > VALUE_LIMIT:
+        for key, value in doc.items():
+            flat = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            if len(flat) > VALUE_LIMIT:
+                rest = len(flat[VALUE_LIMIT:].encode("utf-8", "surrogatepass"))
+                doc[key] = f"{flat[:VALUE_LIMIT]}… (+{rest} bytes, use --full)"
+    click.echo(json.dumps(doc, indent=2, ensure_ascii=False).translate(_JSON_ESCAPES))
+
+
+def say(message: str, *, err: bool = False) -> None:
+    """Print a one-line message (to stderr with ``err``), control characters escaped."""
+    click.echo(printable(message), err=err)
 
 
 def fail(message: str) -> NoReturn:
     """Exit 1 with a one-line reason on stderr."""
-    click.echo(f"error: {message}", err=True)
+    say(f"error: {message}", err=True)
     sys.exit(1)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message, or its type's name."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def run_with_client(obj: dict[str, Any], fn: Callable[[awa.AsyncClient], Awaitable[T]]) -> T:
@@ -83,8 +173,10 @@ def run_with_client(obj: dict[str, Any], fn: Callable[[awa.AsyncClient], Awaitab
             return await fn(c)
     try:
         return asyncio.run(go())
+    except RecursionError:
+        fail(TOO_DEEP)
     except (AwaError, ValueError, TypeError, OSError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail(first_line(exc))
 
 
 def confirm(yes: bool, prompt: str) -> None:
@@ -92,11 +184,77 @@ def confirm(yes: bool, prompt: str) -> None:
     if yes:
         return
     try:
-        ok = click.confirm(prompt, default=False)
+        ok = click.confirm(printable(prompt), default=False)
     except click.Abort:
         ok = False
     if not ok:
         fail("not confirmed (pass --yes to skip the question)")
+
+
+class SafeGroup(click.Group):
+    """A command group whose subcommands (and their groups) end on bad input with a one-line
+    error, never a traceback, and whose usage errors show user text escaped."""
+
+    group_class = type  # subgroups are SafeGroups too
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        """Parse this group's own options; escape what a usage error quotes."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            _escape_message(exc)
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the chosen subcommand; a too-deep value or a usage error stays one line."""
+        try:
+            return super().invoke(ctx)
+        except RecursionError:
+            fail(TOO_DEEP)
+        except click.ClickException as exc:
+            _escape_message(exc)
+            raise
+
+
+def _escape_message(exc: click.ClickException) -> None:
+    # click types ``message`` as Final, but it is a plain attribute that show() reads.
+    exc.message = printable(exc.message)  # type: ignore[misc]
+
+
+class SafeFormatter(logging.Formatter):
+    """A log formatter that escapes control characters in messages and tracebacks
+    (a traceback keeps its line breaks)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The formatted line, escaped."""
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        """The traceback, escaped: frames keep their lines, a message cannot add any."""
+        exc_type, exc, tb = ei
+        if exc is None:
+            return _lines(super().formatException(ei))
+        chunks = traceback.TracebackException(exc_type, exc, tb).format()
+        return "".join(_chunk(c) for c in chunks).rstrip("\n")
+
+    def formatStack(self, stack_info: str) -> str:
+        """The stack, escaped line by line."""
+        return _lines(super().formatStack(stack_info))
+
+
+def _lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def _chunk(chunk: str) -> str:
+    """One piece of a formatted traceback: a frame keeps its lines; anything else (the
+    exception's message, the chaining notes) keeps only its leading and trailing breaks."""
+    if chunk.startswith("  File "):
+        return _lines(chunk)
+    core = chunk.strip("\n")
+    start = chunk.index(core) if core else len(chunk)
+    return chunk[:start] + printable(core) + chunk[start + len(core):]
 
 
 JOB_COLUMNS = ("id", "kind", "queue", "state", "priority", "attempt", "max_attempts",

@@ -9,7 +9,7 @@ import click
 from awa.cli import main
 from awa.cli.jobs import json_option, yes_option
 from awa.cli.operations import queue
-from awa.cli.output import confirm, emit, run_with_client
+from awa.cli.output import confirm, emit, full_option, run_with_client, say
 from awa.overrides import FIELDS
 
 OVERRIDE_COLUMNS = ("queue", "poll_interval_ms", "claim_batch_size", "rate_limit",
@@ -45,12 +45,13 @@ def overrides_set(obj: dict[str, Any], name: str, poll_interval_ms: int | None,
 
 @overrides.command("show")
 @click.argument("name", required=False)
+@full_option
 @json_option
 @click.pass_obj
-def overrides_show(obj: dict[str, Any], name: str | None, as_json: bool) -> None:
+def overrides_show(obj: dict[str, Any], name: str | None, full: bool, as_json: bool) -> None:
     """Current overrides (of queue NAME, or all)."""
     rows = run_with_client(obj, lambda c: c.queue_overrides(name))
-    emit(rows, as_json, OVERRIDE_COLUMNS, title="overrides")
+    emit(rows, as_json, OVERRIDE_COLUMNS, title="overrides", full=full)
 
 
 @overrides.command("clear")
@@ -63,14 +64,15 @@ def overrides_clear(obj: dict[str, Any], name: str, fields: tuple[str, ...], yes
     """Drop overrides of queue NAME: workers return to their start() settings."""
     confirm(yes, f"Clear overrides of queue {name}?")
     found = run_with_client(obj, lambda c: c.clear_queue_override(name, list(fields) or None))
-    click.echo(f"cleared overrides of {name}" if found else f"{name} had no overrides")
+    say(f"cleared overrides of {name}" if found else f"{name} had no overrides")
 
 
 @main.command()
 @click.option("--scope", type=click.Choice(["queue", "kind"]), default=None)
+@full_option
 @json_option
 @click.pass_obj
-def descriptors(obj: dict[str, Any], scope: str | None, as_json: bool) -> None:
+def descriptors(obj: dict[str, Any], scope: str | None, full: bool, as_json: bool) -> None:
     """Declared queue and job-kind descriptors: live, stale or drifted."""
     rows = run_with_client(obj, lambda c: c.list_descriptors(scope))  # type: ignore[arg-type]
     flat = [{"scope": r["scope"], "name": r["name"], "status": r["status"],
@@ -79,4 +81,4 @@ def descriptors(obj: dict[str, Any], scope: str | None, as_json: bool) -> None:
              "owner": r["descriptor"].get("owner"), "docs_url": r["descriptor"].get("docs_url"),
              "descriptor": r["descriptor"]} for r in rows]
     emit(flat, as_json, ("scope", "name", "status", "live_workers", "display_name", "owner",
-                         "docs_url"), title="descriptors")
+                         "docs_url"), title="descriptors", full=full)

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from awa.cli import main
+from awa.cli.output import say
 
 
 @main.command()
@@ -28,8 +29,7 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
         raise click.ClickException("the web UI needs the 'ui' extra: "
                                    "pip install 'awa[ui]'") from None
     if host not in ("127.0.0.1", "localhost", "::1") and token is None and not read_only:
-        click.echo("warning: serving mutations on a public address without --token", err=True)
+        say("warning: serving mutations on a public address without --token", err=True)
     app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"])
-    click.echo(f"Awa UI on http://{host}:{port}/" + (" (read-only)" if read_only else ""),
-               err=True)
+    say(f"Awa UI on http://{host}:{port}/" + (" (read-only)" if read_only else ""), err=True)
     uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AWA_LOG_LEVEL", "warning"))
