@@ -239,3 +239,45 @@ def test_documented_grants_are_the_shipped_ones() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+WRITERS = ("ensure_done_partitions(timestamptz)",
+           "ensure_done_partitions(timestamptz, timestamptz)",
+           "drop_done_partitions(timestamptz)", "unique_claim_sync()",
+           "unique_claim_release()", "notify_inserted()")
+
+
+async def test_migrate_alone_leaves_no_writing_function_to_public(roles: Roles) -> None:
+    """Before any `awa grants`: a role with only USAGE and SELECT can neither call
+    the partition functions nor write rows, and the finished history survives."""
+    await awa.migrate(roles.owner)
+    owner = await asyncpg.connect(roles.owner)
+    try:
+        await owner.execute(f"GRANT USAGE ON SCHEMA awa TO {roles.names[2]}; "
+                            f"GRANT SELECT ON ALL TABLES IN SCHEMA awa TO {roles.names[2]}")
+        await owner.execute("CREATE TABLE awa.jobs_done_p2020010100 PARTITION OF awa.jobs_done "
+                            "FOR VALUES FROM ('2020-01-01 00:00+00') TO ('2020-01-01 01:00+00')")
+        for writer in WRITERS:
+            assert not await owner.fetchval(
+                "SELECT has_function_privilege('public', $1, 'EXECUTE')", f"awa.{writer}")
+    finally:
+        await owner.close()
+    async with awa.AsyncClient(roles.owner) as client:
+        job = await client.insert({"a": 1}, kind="k")
+        await client.cancel(job.id)                 # now finished history
+    snoop = await asyncpg.connect(roles.reader)
+    try:
+        for call_sql in ("SELECT awa.drop_done_partitions(now() + interval '100 years')",
+                         "SELECT awa.ensure_done_partitions(now() + interval '1 day')",
+                         "SELECT awa.ensure_done_partitions(now(), now() + interval '1 day')",
+                         "INSERT INTO awa.jobs (kind, queue, args, state, priority, "
+                         "max_attempts) VALUES ('k', 'q', '{}', 'available', 2, 5)",
+                         "UPDATE awa.jobs_done SET kind = 'x'", "DELETE FROM awa.jobs_done",
+                         "DROP TABLE awa.jobs_done_p2020010100"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await snoop.execute(call_sql)
+        assert await snoop.fetchval("SELECT count(*) FROM awa.jobs_done") == 1
+        assert await snoop.fetchval("SELECT to_regclass('awa.jobs_done_p2020010100')") \
+            is not None
+    finally:
+        await snoop.close()
