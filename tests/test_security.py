@@ -274,7 +274,7 @@ async def test_job_args_never_logged(client: awa.AsyncClient, database_url: str,
 
 async def test_callbacks_need_a_valid_signature(client: awa.AsyncClient) -> None:
     secret = secrets.token_bytes(32)
-    app = awa.web.callback_app(client, secret=secret)
+    app = awa.web.callback_app(client, secret=secret, accept_legacy_signatures=True)
     job = await client.insert(Boom("x"))
     cid, other = str(uuid.uuid4()), str(uuid.uuid4())
     pool = await client.pool()
@@ -292,7 +292,7 @@ async def test_callbacks_need_a_valid_signature(client: awa.AsyncClient) -> None
         for signature in forged:
             status, body = await _post(app, f"/api/callbacks/{cid}/{action}",
                                        b'{"error": "x"}', signature)
-            assert status == 401 and body == {"error": "missing or invalid signature"}
+            assert status == 401 and body["error"].startswith("signature refused")
     assert (await client.get_job(job.id)).state is awa.JobState.WaitingExternal  # untouched
     with pytest.raises(awa.ValidationError, match="32 bytes"):
         awa.web.callback_app(client, secret=b"short")

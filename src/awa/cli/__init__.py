@@ -129,7 +129,8 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
     \b
     A handler gets 5 minutes per attempt by default; past that the attempt is
     rescued as "hard deadline exceeded" and retried. Change it per queue with
-    deadline_duration_ms (0 turns it off), e.g. --set deadline_duration_ms=3600000.
+    deadline_duration_ms in the queue's start() config (0 turns it off), or live
+    with: awa queue overrides set NAME --deadline-ms 3600000.
     """
     configure_logging(log_level, log_format)
     sys.path.insert(0, ".")

@@ -5,9 +5,12 @@ a JSON object body: ``{"payload": ...}`` for complete and resume,
 ``{"error": "..."}`` for fail, ``{"timeout_seconds": n}`` (optional) for
 heartbeat, ``{"payload": ..., "default_action": "ignore"}`` for resolve (CEL
 rules; answers ``{"outcome", "reason", "id", "state"}``). With a secret
-configured, ``X-Awa-Signature`` must sign the id (401 otherwise, nothing
-changes); malformed bodies get 400 and unknown ids 404. Mount it in any ASGI
-server or framework.
+configured, every request must carry a v2 signature of its action, callback
+id, body and expiry (`awa.callback_contract.sign_request`; docs/security.md):
+401 otherwise, and nothing changes. The id-only signature of awa-pg is
+accepted only with ``accept_legacy_signatures=True``. Bad input never gets a
+500: malformed or too deeply nested bodies get 400, bodies over 1 MiB 413,
+unknown ids 404. Mount it in any ASGI server or framework.
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
-                 prefix: str = "/api") -> ASGIApp:
-    """An ASGI app resolving callbacks through ``client``."""
+                 prefix: str = "/api", accept_legacy_signatures: bool = False,
+                 max_signature_ttl: float = callback_contract.MAX_SIGNATURE_TTL) -> ASGIApp:
+    """An ASGI app resolving callbacks through ``client`` (signed requests when ``secret``)."""
     if secret is not None:
         callback_contract.sign(secret, "check")  # validates the secret's length now
     route = re.compile("^" + re.escape(prefix.rstrip("/"))
@@ -77,19 +81,24 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
             await _respond(send, 405, {"error": "use POST"})
             return
         callback_id, action = match["id"], match["action"]
-        if secret is not None:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1")  # HTTP header bytes
-                       for k, v in scope.get("headers", [])}
-            signature = headers.get(callback_contract.SIGNATURE_HEADER.lower())
-            if not callback_contract.verify(secret, callback_id, signature):
-                await _respond(send, 401, {"error": "missing or invalid signature"})
-                return
         raw = await _read_body(receive)
         if raw is None:
             await _respond(send, 413, {"error": "body too large"})
             return
+        if secret is not None:
+            headers = {k.decode("latin-1"): v.decode("latin-1")  # HTTP header bytes
+                       for k, v in scope.get("headers", [])}
+            refused = callback_contract.verify_request(
+                secret, action, callback_id, raw, headers, max_ttl=max_signature_ttl,
+                accept_legacy=accept_legacy_signatures)
+            if refused is not None:
+                await _respond(send, 401, {"error": f"signature refused: {refused}"})
+                return
         try:
             body = json.loads(raw) if raw.strip() else {}
+        except RecursionError:
+            await _respond(send, 400, {"error": "body is nested too deeply"})
+            return
         except ValueError:
             await _respond(send, 400, {"error": "body is not JSON"})
             return
@@ -109,7 +118,7 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
         except CallbackNotFound as exc:
             await _respond(send, 404, {"error": str(exc)})
             return
-        except (ValidationError, SerializationError) as exc:
+        except (ValidationError, SerializationError, TypeError, ValueError) as exc:
             await _respond(send, 400, {"error": str(exc)})
             return
         await _respond(send, 200, {"id": job.id, "state": str(job.state)})

@@ -34,7 +34,7 @@ WITH stale AS (
     SELECT id, CASE WHEN deadline_at < now()
                     THEN format('hard deadline exceeded: the attempt ran longer than %s '
                                 '(the queue''s deadline_duration_ms, default 300000 = 5 '
-                                'minutes; 0 turns it off)',
+                                'minutes, 0 = off; or a live deadline_ms override)',
                                 date_trunc('second', deadline_at - attempted_at))
                     ELSE 'heartbeat stale' END AS reason
     FROM awa.jobs
