@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,6 +43,10 @@ def _database(url: str) -> dict[str, Any]:
 @pytest.fixture
 def project(database_url: str) -> Iterator[str]:
     """The Django project, pointed at the test's database (its tables migrated)."""
+    yield from _project(database_url)
+
+
+def _project(database_url: str) -> Iterator[str]:
     import django
     from django.conf import settings
     from django.core.management import call_command
@@ -350,3 +355,45 @@ def test_unknown_task_is_retried_not_lost(project: str) -> None:
         code, _ = _stop(worker)
     assert code == 0
     assert "UnknownJobKind" in errors[0]["error"]
+
+
+async def test_ui_inside_the_django_asgi_app(database_url: str) -> None:
+    """with_awa_ui: the Awa UI below /awa, Django everywhere else; it lists Django tasks."""
+    from tests.ui_helpers import call, serving
+
+    def setup() -> Any:
+        fixture = _project(database_url)
+        next(fixture)
+        from django.core.asgi import get_asgi_application
+        from tests.django_project.shop.tasks import add
+
+        from awa.contrib.django.asgi import with_awa_ui
+
+        add.enqueue(1, 2)
+        return fixture, with_awa_ui(get_asgi_application(), path="/awa")
+
+    django_thread = ThreadPoolExecutor(1)  # Django's connections are per thread
+    loop = asyncio.get_running_loop()
+    fixture, app = await loop.run_in_executor(django_thread, setup)
+    try:
+        async with serving(app) as base:
+            status, config = await call(f"{base}/awa/api/config")
+            assert status == 200 and config["read_only"] is True
+            status, jobs = await call(f"{base}/awa/api/jobs")
+            assert status == 200, jobs
+            assert KIND + "add" in str(jobs)
+            assert await asyncio.to_thread(_status, f"{base}/not-awa") == 404  # Django's
+    finally:
+        await loop.run_in_executor(django_thread, lambda: next(fixture, None))
+        django_thread.shutdown()
+
+
+def _status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+from starlette.requests import Request
+
 from awa.client import AsyncClient
 
 __all__ = ["awa_client", "awa_lifespan"]
@@ -65,7 +67,7 @@ def awa_lifespan(client: AsyncClient, *, worker: bool = False,
     return lifespan
 
 
-def awa_client(request: Any) -> AsyncClient:
+def awa_client(request: Request) -> AsyncClient:
     """The app's client, for ``Depends(awa_client)`` or a Starlette endpoint."""
     client = getattr(request.app.state, "awa", None)
     if not isinstance(client, AsyncClient):
