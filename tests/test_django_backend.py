@@ -247,6 +247,20 @@ def test_database_url_from_settings() -> None:
         "postgresql:///app?host=%2Frun%2Fpg"
 
 
+def test_worker_finds_the_projects_tasks(project: str) -> None:
+    from awa.contrib.django.backend import AwaBackend
+    from awa.contrib.django.compat import task_backends
+    from awa.contrib.django.worker import default_queues, discover_tasks
+
+    backend = task_backends["default"]
+    tasks = discover_tasks(backend)
+    assert sorted(tasks) == [KIND + name for name in (
+        "add", "async_multiply", "charge", "send_email", "slow", "which_attempt", "write_note")]
+    assert default_queues(backend, tasks) == ["default", "emails"]
+    anywhere = AwaBackend("default", {"QUEUES": []})
+    assert default_queues(anywhere, tasks) == ["default", "emails"]  # the tasks' own queues
+
+
 # -- the worker --------------------------------------------------------------------------
 
 

@@ -42,7 +42,10 @@ TASKS = {
         "OPTIONS": {
             # One attempt: a raising task is FAILED at once, as Django's own backends do.
             "MAX_ATTEMPTS": 1,
-            "WORKER": {"poll_interval_ms": 50},
+            # start() options, and the queues served when awa_worker has no --queue.
+            "WORKER": {"poll_interval_ms": 50,
+                       "queues": [{"name": "default", "max_workers": 4},
+                                  {"name": "emails", "max_workers": 2}]},
         },
     },
 }

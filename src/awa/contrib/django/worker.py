@@ -195,16 +195,23 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
     """Run the backend's tasks until SIGTERM/SIGINT (or ``stop``), then drain and exit."""
     tasks = await sync_to_async(discover_tasks, thread_sensitive=False)(backend)
     client = build_client(backend, tasks)
-    queue_list: list[Any] = ([{"name": n} for n in default_queues(backend, tasks)]
-                             if queues is None else list(queues))
+    options = dict(backend.worker_options)
+    configured = options.pop("queues", None)  # WORKER["queues"]: full queue configs
+    if queues is not None:
+        queue_list: list[Any] = list(queues)
+    elif configured is not None:
+        queue_list = list(configured)
+    else:
+        queue_list = [{"name": n} for n in default_queues(backend, tasks)]
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await client.start(queue_list, **backend.worker_options)
+        await client.start(queue_list, **options)
         log.info("serving %d Django task(s) on queues %s: %s", len(tasks),
-                 [q["name"] if isinstance(q, dict) else q[0] for q in queue_list], ", ".join(tasks))
+                 [q["name"] if isinstance(q, Mapping) else q[0] for q in queue_list],
+                 ", ".join(tasks))
         await stop.wait()
         log.info("shutting down")
     finally:
