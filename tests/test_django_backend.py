@@ -62,7 +62,8 @@ def _project(database_url: str) -> Iterator[str]:
         from tests.django_project import settings as project_settings
 
         override = override_settings(INSTALLED_APPS=project_settings.INSTALLED_APPS,
-                                     TASKS=project_settings.TASKS, USE_TZ=True)
+                                     TASKS=project_settings.TASKS, USE_TZ=True,
+                                     ROOT_URLCONF=project_settings.ROOT_URLCONF)
         override.enable()
     connections["default"].close()
     connections.settings["default"].update(_database(database_url))
