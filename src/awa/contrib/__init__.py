@@ -1,0 +1,1 @@
+"""Integrations with web frameworks: `awa.contrib.django` and `awa.contrib.starlette`."""

@@ -1,0 +1,1 @@
+"""A small Django project that uses Awa as its task backend (tests/test_django_backend.py)."""

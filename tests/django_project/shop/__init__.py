@@ -1,0 +1,1 @@
+"""An app with models and tasks."""

@@ -1,0 +1,3 @@
+"""No views: the project only enqueues and runs tasks."""
+
+urlpatterns: list[object] = []
