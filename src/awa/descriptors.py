@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -34,6 +35,12 @@ def _text(field: str, value: Any) -> str | None:
     return value
 
 
+def _is_web_url(url: str) -> bool:
+    """Only http(s) links are rendered: ``javascript:`` and friends never are."""
+    parts = urlsplit(url.strip())
+    return parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
+
+
 def build(scope: Scope, name: str, *, display_name: str | None = None,
           description: str | None = None, owner: str | None = None,
           docs_url: str | None = None, tags: list[str] | None = None,
@@ -44,6 +51,8 @@ def build(scope: Scope, name: str, *, display_name: str | None = None,
     for key, value in (("display_name", display_name), ("description", description),
                        ("owner", owner), ("docs_url", docs_url)):
         out[key] = _text(key, value)
+    if out["docs_url"] is not None and not _is_web_url(out["docs_url"]):
+        raise ValidationError("docs_url", "must be an http:// or https:// URL")
     if tags is not None and (not isinstance(tags, list | tuple)
                              or not all(isinstance(t, str) for t in tags)):
         raise ValidationError("tags", "must be a list of strings")

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+#: What ``POST api/queues/{name}/overrides`` may set (``updated_by`` is the UI's own).
+OVERRIDE_KEYS = frozenset({"poll_interval_ms", "claim_batch_size", "rate_limit", "deadline_ms"})
+
+
 def _int(request: Request, name: str) -> int:
     raw = request.path_params.get(name) or request.query_params.get(name) or ""
     try:
@@ -36,6 +40,8 @@ async def _body(request: Request) -> dict[str, Any]:
         return {}
     try:
         body = await request.json()
+    except RecursionError:
+        raise ValidationError("body", "is nested too deeply") from None
     except ValueError:
         raise ValidationError("body", "must be JSON") from None
     if not isinstance(body, dict):
@@ -111,7 +117,8 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         entry = await client.get_dlq_job(job_id)
         dlq = None if entry is None else {"reason": entry.reason,
                                           "dlq_at": entry.dlq_at.isoformat()}
-        return JSONResponse(data.job_detail(found, dlq))
+        full = request.query_params.get("full") in ("1", "true")
+        return JSONResponse(data.job_detail(found, dlq, full=full))
 
     async def queues(_: Request) -> Response:
         client = await state.client()
@@ -190,6 +197,10 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
 
     async def override_set(request: Request) -> Response:
         body = await _body(request)
+        unknown = sorted(set(body) - OVERRIDE_KEYS)
+        if unknown:
+            raise ValidationError("body", f"unknown key(s) {unknown}; expected some of "
+                                          f"{sorted(OVERRIDE_KEYS)}")
         row = await (await state.client()).set_queue_override(
             request.path_params["name"], updated_by="web-ui",
             **{k: (v if v != "" else None) for k, v in body.items()})

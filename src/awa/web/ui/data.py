@@ -145,10 +145,26 @@ def callback_label(job: Job) -> str | None:
     return f"{verb} callback{number} ({job.callback_id})"
 
 
-def job_detail(job: Job, dlq: dict[str, Any] | None) -> dict[str, Any]:
-    """Everything the job page shows."""
-    return {"job": job.to_dict(), "timeline": timeline(job), "callback": callback_label(job),
-            "dlq": dlq}
+#: A job page shows each large value (args, metadata, output, progress) up to this
+#: many bytes of JSON; ``?full=1`` sends it whole.
+DETAIL_VALUE_MAX = 64 * 1024
+LARGE_FIELDS = ("args", "metadata", "output", "progress")
+
+
+def job_detail(job: Job, dlq: dict[str, Any] | None, *, full: bool = False) -> dict[str, Any]:
+    """Everything the job page shows; values over `DETAIL_VALUE_MAX` cut to a text
+    preview, their full size in ``truncated`` (unless ``full``)."""
+    out = job.to_dict()
+    truncated: dict[str, int] = {}
+    if not full:
+        for name in LARGE_FIELDS:
+            text = json.dumps(out[name], ensure_ascii=False, separators=(",", ":"))
+            size = len(text.encode())
+            if size > DETAIL_VALUE_MAX:
+                truncated[name] = size
+                out[name] = text[:DETAIL_VALUE_MAX // 4] + "…"
+    return {"job": out, "timeline": timeline(job), "callback": callback_label(job),
+            "dlq": dlq, "truncated": truncated}
 
 
 def cron_jobs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,9 @@ const REFRESH_MS = 2000;
 const state = { config: null, route: null, timer: null };
 const view = () => document.getElementById("view");
 
+// Only http(s) links are ever made clickable (a stored javascript: URL is not).
+function webUrl(u) { return typeof u === "string" && /^https?:\/\/[^\s]/i.test(u.trim()); }
+
 function esc(v) {
   return String(v ?? "").replace(/[&<>"']/g, (c) => ({
     "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -148,7 +151,7 @@ function overrideText(o) {
 function descriptorCell(d) {
   if (!d) return `<span class="muted">—</span>`;
   const x = d.descriptor;
-  const name = x.docs_url ? `<a href="${esc(x.docs_url)}" rel="noreferrer">${esc(x.display_name || d.name)}</a>` : esc(x.display_name || d.name);
+  const name = webUrl(x.docs_url) ? `<a href="${esc(x.docs_url)}" rel="noreferrer">${esc(x.display_name || d.name)}</a>` : esc(x.display_name || d.name);
   return `${name}${x.owner ? ` · ${esc(x.owner)}` : ""} <span class="state ${d.status === "live" ? "completed" : d.status === "drifted" ? "retryable" : "failed"}">${esc(d.status)}</span>`;
 }
 
@@ -212,8 +215,15 @@ async function jobsView(route) {
 }
 
 async function jobView(route) {
-  const r = await api("jobs/" + route.id);
+  const full = route.params.get("full") === "1";
+  const r = await api("jobs/" + route.id + (full ? "?full=1" : ""));
   const j = r.job;
+  const cut = r.truncated || {};
+  // A value over the page's limit arrives as a text preview: say so, link the whole.
+  const big = (name, value) => cut[name]
+    ? `<pre>${esc(value)}</pre><p class="muted">Showing the start of ${(cut[name] / 1048576).toFixed(1)} MB.
+       <a id="show-all-${name}" href="#/jobs/${j.id}?full=1">show all</a></p>`
+    : `<pre>${esc(JSON.stringify(value, null, 2))}</pre>`;
   const prog = j.progress || {};
   const pct = typeof prog.percent === "number" ? Math.max(0, Math.min(100, prog.percent)) : null;
   const canRetry = ["failed", "cancelled", "retryable", "scheduled", "waiting_external"].includes(j.state);
@@ -234,13 +244,13 @@ async function jobView(route) {
     ${j.traceparent ? `<div>trace</div><div class="mono">${esc(j.traceparent)}</div>` : ""}
   </div>
   <h2>Progress</h2>${j.progress ? `${pct !== null ? `<div class="progress"><span style="width:${pct}%"></span></div> ${pct}%` : ""}
-    ${prog.message ? `<p>${esc(prog.message)}</p>` : ""}<pre>${esc(JSON.stringify(j.progress, null, 2))}</pre>` : `<p class="muted">None reported.</p>`}
+    ${prog.message ? `<p>${esc(prog.message)}</p>` : ""}${big("progress", j.progress)}` : `<p class="muted">None reported.</p>`}
   <h2>Timeline</h2><ul class="timeline" id="timeline">${r.timeline.map((e) => `<li>
     <div><b>${esc(e.event)}</b> <span class="when">${when(e.at)}</span></div>
     ${e.detail ? `<pre>${esc(e.detail)}</pre>` : ""}</li>`).join("")}</ul>
-  <h2>Args</h2><pre id="args">${esc(JSON.stringify(j.args, null, 2))}</pre>
-  <h2>Output</h2>${j.output === null || j.output === undefined ? `<p class="muted">None.</p>` : `<pre>${esc(JSON.stringify(j.output, null, 2))}</pre>`}
-  <h2>Metadata</h2><pre>${esc(JSON.stringify(j.metadata, null, 2))}</pre>`;
+  <h2>Args</h2><div id="args">${big("args", j.args)}</div>
+  <h2>Output</h2>${j.output === null || j.output === undefined ? `<p class="muted">None.</p>` : big("output", j.output)}
+  <h2>Metadata</h2>${big("metadata", j.metadata)}`;
 }
 
 async function cronView() {
