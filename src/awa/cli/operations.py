@@ -213,8 +213,18 @@ def cron_list(obj: dict[str, Any], full: bool, as_json: bool) -> None:
           "next_fire_at"), title="cron", full=full)
 
 
-def _cron_action(verb: str, method: str) -> None:
-    @cron.command(verb)
+_CRON_ACTIONS = {
+    "pause": ("pause_cron_job", "Stop schedule NAME firing until it is resumed."),
+    "resume": ("resume_cron_job", "Let schedule NAME fire again. Fires missed while it was "
+                                  "paused are not made up."),
+    "trigger": ("trigger_cron_job", "Enqueue schedule NAME's job now, outside its timetable."),
+    "remove": ("delete_cron_job", "Delete schedule NAME. A worker whose code still declares "
+                                  "it adds it back when it starts."),
+}
+
+
+def _cron_action(verb: str, method: str, summary: str) -> None:
+    @cron.command(verb, help=summary)
     @click.argument("name")
     @click.pass_obj
     def command(obj: dict[str, Any], name: str) -> None:
@@ -222,12 +232,10 @@ def _cron_action(verb: str, method: str) -> None:
         if result is False:
             fail(f"no cron schedule named {name!r}")
         say(f"{verb}: {name}")
-    command.__doc__ = f"{verb.capitalize()} a schedule."
 
 
-for _verb, _method in (("pause", "pause_cron_job"), ("resume", "resume_cron_job"),
-                       ("trigger", "trigger_cron_job"), ("remove", "delete_cron_job")):
-    _cron_action(_verb, _method)
+for _verb, (_method, _summary) in _CRON_ACTIONS.items():
+    _cron_action(_verb, _method, _summary)
 
 
 @main.command()
