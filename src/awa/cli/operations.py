@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 import awa
-from awa import bulk
+from awa import admin, bulk
 from awa.cli import main
 from awa.cli.jobs import json_option, yes_option
 from awa.cli.output import (
@@ -46,12 +46,29 @@ def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
                           "paused"), title="queues", full=full)
 
 
+create_option = click.option(
+    "--create", is_flag=True,
+    help="Act even if nothing knows the queue yet (no jobs, workers, overrides or schedules).")
+
+
+def require_queue(obj: dict[str, Any], name: str, verb: str) -> None:
+    """Exit 1 unless queue ``name`` exists (a typo must not create a queue)."""
+    async def known(c: awa.AsyncClient) -> bool:
+        return await admin.queue_known(await c.pool(), c._q, name)
+    if not run_with_client(obj, known):
+        fail(f"queue {name!r} does not exist (no jobs, workers, overrides or schedules use "
+             f"it); pass --create to {verb} it anyway")
+
+
 @queue.command("pause")
 @click.argument("name")
 @click.option("--by", "paused_by", default=None, help="Who is pausing (recorded).")
+@create_option
 @click.pass_obj
-def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None) -> None:
+def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None, create: bool) -> None:
     """Stop workers claiming from a queue (inserts still succeed)."""
+    if not create:
+        require_queue(obj, name, "pause")
     run_with_client(obj, lambda c: c.pause_queue(name, paused_by))
     say(f"paused {name}")
 
