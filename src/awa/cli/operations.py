@@ -13,7 +13,7 @@ import click
 import awa
 from awa import admin, bulk
 from awa.cli import main
-from awa.cli.jobs import json_option, yes_option
+from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
     confirm,
@@ -21,6 +21,7 @@ from awa.cli.output import (
     fail,
     first_line,
     full_option,
+    json_option,
     run_with_client,
     say,
 )
