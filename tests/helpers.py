@@ -50,12 +50,15 @@ async def wait_for_state(client: awa.AsyncClient, job_id: int, state: awa.JobSta
 
 
 ROOT = Path(__file__).resolve().parent.parent
+#: PYTHONPATH for a subprocess: this checkout's package (not whichever one the
+#: virtualenv installed) and its tests.
+SUBPROCESS_PATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
 
 
 def spawn_worker(database_url: str, *extra: str, workers: int = 4,
                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A real ``awa worker`` process for ``tests.apps.worker_app`` on queue ``procs``."""
-    full_env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
+    full_env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": SUBPROCESS_PATH,
                 **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",

@@ -131,7 +131,7 @@ async def test_validation_happens_before_anything_is_written(client: awa.AsyncCl
 
     with pytest.raises(awa.ValidationError, match="invalid batch operation id"):
         await client.get_batch_operation("nope")
-    with pytest.raises(awa.ValidationError, match="batch operation not found"):
+    with pytest.raises(awa.BatchOperationNotFound, match="batch operation not found"):
         await client.get_batch_operation("00000000-0000-0000-0000-000000000000")
     with pytest.raises(awa.ValidationError, match="unknown batch operation state"):
         await client.list_batch_operations(state="done")  # type: ignore[arg-type]

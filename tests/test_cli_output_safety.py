@@ -139,7 +139,10 @@ async def test_names_in_messages_and_usage_errors_are_escaped(
     assert json.loads(ok(awa_cli(database_url, "cron", "list", "--json")))[0]["name"] \
         == "c" + EVIL
     assert_shown(ok(awa_cli(database_url, "cron", "pause", "c" + EVIL)))
-    paused = ok(awa_cli(database_url, "queue", "pause", "q" + EVIL))
+    unknown_queue = assert_one_line_error(awa_cli(database_url, "queue", "pause", "q" + EVIL))
+    assert_shown(unknown_queue)
+    assert "--create" in unknown_queue
+    paused = ok(awa_cli(database_url, "queue", "pause", "q" + EVIL, "--create"))
     assert_shown(paused) and len(paused.splitlines()) == 1
     assert_shown(assert_one_line_error(awa_cli(database_url, "job", "list", "--state", EVIL)))
     unknown = awa_cli(database_url, "job", "list", "--bogus" + EVIL)  # click's usage error

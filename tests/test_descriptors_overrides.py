@@ -150,7 +150,7 @@ def run_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_cli_overrides_and_descriptors(client: awa.AsyncClient, database_url: str) -> None:
     def go() -> None:
         r = run_cli(database_url, "queue", "overrides", "set", "mail", "--rate-limit", "10/2",
-                    "--deadline-ms", "2000", "--by", "ops", "--yes", "--json")
+                    "--deadline-ms", "2000", "--by", "ops", "--create", "--yes", "--json")
         assert r.returncode == 0, r.stderr
         [row] = json.loads(r.stdout)
         assert row["rate_limit"] == {"max_rate": 10.0, "burst": 2} and row["deadline_ms"] == 2000

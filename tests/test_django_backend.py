@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from tests.helpers import ROOT
+from tests.helpers import ROOT, SUBPROCESS_PATH
 
 pytest.importorskip("django")
 if importlib.util.find_spec("django.tasks") is None:
@@ -84,7 +84,7 @@ def _jobs(url: str) -> list[tuple[Any, ...]]:
 
 
 def _worker(url: str, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": SUBPROCESS_PATH,
            "DJANGO_SETTINGS_MODULE": SETTINGS, "APP_NAME": "awa-django-worker"}
     return subprocess.Popen([sys.executable, "-m", "django", "awa_worker", *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,

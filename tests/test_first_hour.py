@@ -18,7 +18,7 @@ from decimal import Decimal
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, ROOT, wait_for_state, wait_until
+from tests.helpers import FAST, ROOT, SUBPROCESS_PATH, wait_for_state, wait_until
 
 import awa
 
@@ -101,7 +101,7 @@ def test_awa_worker_logs_json(database_url: str) -> None:
         async with awa.AsyncClient(database_url) as c:
             return (await c.insert({"x": 1}, kind="nobody_has_this", queue="procs")).id
     job_id = asyncio.run(insert())
-    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": SUBPROCESS_PATH}
     proc = subprocess.Popen(
         [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
          "--queue", "procs=2", "--log-format", "json", "--log-level", "warning",

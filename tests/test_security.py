@@ -23,7 +23,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import asyncpg
 import pydantic
 import pytest
-from tests.helpers import FAST, ROOT, wait_for_state, wait_until
+from tests.helpers import FAST, ROOT, SUBPROCESS_PATH, wait_for_state, wait_until
 from tests.test_callbacks import _post
 from tests.ui_helpers import call, serving
 
@@ -164,7 +164,7 @@ async def test_secrets_never_reach_logs_errors_or_responses(
                                     callback_contract.sign(CALLBACK_SECRET, cid))))
 
     # The CLI, with the password URL or a broken one.
-    env = {**os.environ, "AWA_UI_TOKEN": UI_TOKEN, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "AWA_UI_TOKEN": UI_TOKEN, "PYTHONPATH": SUBPROCESS_PATH}
     env.pop("AWA_PROGRESS", None)
     commands = [[url, "queue", "stats"] for url in bad_urls] + [
         [secret_url, "job", "dump", "999999"],

@@ -19,6 +19,7 @@ from awa.db.migrations import current_migration_version, migrations
 from awa.dlq import DlqEntry
 from awa.errors import (
     AwaError,
+    BatchOperationNotFound,
     CallbackNotFound,
     DatabaseError,
     JobNotFound,
@@ -66,6 +67,7 @@ __all__ = [
     "BatchOperation",
     "BatchOperationFilter",
     "BatchOperationKind",
+    "BatchOperationNotFound",
     "BatchOperationPreview",
     "BatchOperationState",
     "CallbackNotFound",

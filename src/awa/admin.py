@@ -111,6 +111,14 @@ async def pause_queue(db: Executor, q: Queries, queue: str, paused_by: str | Non
         await db.execute(q["queue_pause"], queue, paused_by)
 
 
+async def queue_known(db: Executor, q: Queries, queue: str) -> bool:
+    """Whether ``queue`` is known: it has a switch row, jobs (active, failed, recently
+    finished or dead-lettered), an override, a descriptor, a worker or a cron schedule."""
+    producer.check_name("queue", queue)
+    with translated():
+        return bool(await db.fetchval(q["queue_known"], queue))
+
+
 async def resume_queue(db: Executor, q: Queries, queue: str) -> None:
     """Claim from ``queue`` again."""
     producer.check_name("queue", queue)

@@ -22,7 +22,7 @@ from awa import producer, states
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
-from awa.errors import ValidationError
+from awa.errors import BatchOperationNotFound, ValidationError
 from awa.model import Job
 
 Executor = Conn | asyncpg.Pool
@@ -41,6 +41,8 @@ QUEUED_STATES: tuple[str, ...] = tuple(sorted(str(s) for s in states.QUEUED))
 #: Finished operations are kept this long, then pruned by maintenance.
 RETENTION = timedelta(days=90)
 SAMPLE_SIZE = 10
+#: The form an operation id takes, shown when one is malformed.
+UUID_EXAMPLE = "0b7e1f3a-6c2d-4e5f-8a9b-1c2d3e4f5a6b"
 MAX_IDS = 100_000
 FILTER_KEYS: tuple[str, ...] = ("kind", "queue", "ids", "tag", "state", "created_at_gte",
                                 "created_at_lt")
@@ -204,13 +206,15 @@ def spec_params(spec: Mapping[str, Any]) -> tuple[int | None, str | None]:
 
 
 def operation_id(value: Any) -> uuid.UUID:
-    """Parse an operation id (a UUID string)."""
+    """Parse an operation id (a UUID string); `ValidationError` naming the rule if malformed."""
     if isinstance(value, uuid.UUID):
         return value
     try:
         return uuid.UUID(str(value))
     except ValueError:
-        raise ValidationError("operation_id", f"invalid batch operation id: {value}") from None
+        shown = str(value) if len(str(value)) <= 64 else f"{str(value)[:64]}…"
+        raise ValidationError("operation_id", f"invalid batch operation id {shown!r}: must be "
+                              f"a UUID, like {UUID_EXAMPLE}") from None
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -275,12 +279,12 @@ async def list_operations(db: Executor, q: Queries, *, state: str | None = None,
 
 
 async def get_operation(db: Executor, q: Queries, op_id: Any) -> BatchOperation:
-    """One operation; `ValidationError` if there is none with this id."""
+    """One operation; `BatchOperationNotFound` if there is none with this id."""
     parsed = operation_id(op_id)
     with translated():
         row = await db.fetchrow(q["batch_get"], parsed)
     if row is None:
-        raise ValidationError("operation_id", f"batch operation not found: {parsed}")
+        raise BatchOperationNotFound(f"batch operation not found: {parsed}")
     return to_operation(row)
 
 

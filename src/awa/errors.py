@@ -42,6 +42,10 @@ class JobNotFound(AwaError, LookupError):
     """No job (active, finished or dead-lettered) has this id."""
 
 
+class BatchOperationNotFound(AwaError, LookupError):
+    """No batch operation has this (well-formed) id."""
+
+
 class DatabaseError(AwaError):
     """A database failure that is not one of the specific errors above."""
 

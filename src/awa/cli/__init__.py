@@ -17,7 +17,15 @@ from typing import Any
 import click
 
 import awa
-from awa.cli.output import TOO_DEEP, SafeFormatter, SafeGroup, fail, first_line, say
+from awa.cli.output import (
+    TOO_DEEP,
+    SafeFormatter,
+    SafeGroup,
+    fail,
+    first_line,
+    global_format_option,
+    say,
+)
 from awa.cli.progress import Bar, bars_enabled
 from awa.db import migrations
 from awa.db.dsn import redact
@@ -38,6 +46,7 @@ def _run(coro: Any) -> Any:
 @click.option("--database-url", envvar="DATABASE_URL", default=None,
               help="PostgreSQL URL (default: $DATABASE_URL, else the embedded server).")
 @click.option("--schema", default="awa", show_default=True, help="Schema holding Awa's tables.")
+@global_format_option
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
     """Awa: a Postgres-native job queue."""

@@ -19,13 +19,15 @@ from awa.batch import (
     BatchOperationState,
 )
 from awa.cli import main
-from awa.cli.jobs import json_option, yes_option
+from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
     confirm,
+    current_format,
     emit,
     fail,
     full_option,
+    json_option,
     run_with_client,
     say,
 )
@@ -83,7 +85,8 @@ def _emit_preview(preview: BatchOperationPreview, as_json: bool, full: bool) -> 
     if as_json:
         emit(preview, True)
         return
-    say(f"{preview['total_matched']} queued jobs match; the first {len(preview['sample'])}:")
+    say(f"{preview['total_matched']} queued jobs match; the first {len(preview['sample'])}:",
+        err=current_format() == "tsv")  # TSV on stdout stays rows only
     emit(preview["sample"], False, JOB_COLUMNS, title="sample", full=full)
 
 

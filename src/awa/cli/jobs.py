@@ -19,11 +19,11 @@ from awa.cli.output import (
     emit_document,
     fail,
     full_option,
+    json_option,
     run_with_client,
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 
 

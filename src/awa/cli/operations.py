@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 import awa
-from awa import bulk
+from awa import admin, bulk
 from awa.cli import main
-from awa.cli.jobs import json_option, yes_option
+from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
     confirm,
@@ -21,6 +21,7 @@ from awa.cli.output import (
     fail,
     first_line,
     full_option,
+    json_option,
     run_with_client,
     say,
 )
@@ -46,12 +47,29 @@ def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
                           "paused"), title="queues", full=full)
 
 
+create_option = click.option(
+    "--create", is_flag=True,
+    help="Act even if nothing knows the queue yet (no jobs, workers, overrides or schedules).")
+
+
+def require_queue(obj: dict[str, Any], name: str, verb: str) -> None:
+    """Exit 1 unless queue ``name`` exists (a typo must not create a queue)."""
+    async def known(c: awa.AsyncClient) -> bool:
+        return await admin.queue_known(await c.pool(), c._q, name)
+    if not run_with_client(obj, known):
+        fail(f"queue {name!r} does not exist (no jobs, workers, overrides or schedules use "
+             f"it); pass --create to {verb} it anyway")
+
+
 @queue.command("pause")
 @click.argument("name")
 @click.option("--by", "paused_by", default=None, help="Who is pausing (recorded).")
+@create_option
 @click.pass_obj
-def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None) -> None:
+def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None, create: bool) -> None:
     """Stop workers claiming from a queue (inserts still succeed)."""
+    if not create:
+        require_queue(obj, name, "pause")
     run_with_client(obj, lambda c: c.pause_queue(name, paused_by))
     say(f"paused {name}")
 
@@ -213,8 +231,18 @@ def cron_list(obj: dict[str, Any], full: bool, as_json: bool) -> None:
           "next_fire_at"), title="cron", full=full)
 
 
-def _cron_action(verb: str, method: str) -> None:
-    @cron.command(verb)
+_CRON_ACTIONS = {
+    "pause": ("pause_cron_job", "Stop schedule NAME firing until it is resumed."),
+    "resume": ("resume_cron_job", "Let schedule NAME fire again. Fires missed while it was "
+                                  "paused are not made up."),
+    "trigger": ("trigger_cron_job", "Enqueue schedule NAME's job now, outside its timetable."),
+    "remove": ("delete_cron_job", "Delete schedule NAME. A worker whose code still declares "
+                                  "it adds it back when it starts."),
+}
+
+
+def _cron_action(verb: str, method: str, summary: str) -> None:
+    @cron.command(verb, help=summary)
     @click.argument("name")
     @click.pass_obj
     def command(obj: dict[str, Any], name: str) -> None:
@@ -222,12 +250,10 @@ def _cron_action(verb: str, method: str) -> None:
         if result is False:
             fail(f"no cron schedule named {name!r}")
         say(f"{verb}: {name}")
-    command.__doc__ = f"{verb.capitalize()} a schedule."
 
 
-for _verb, _method in (("pause", "pause_cron_job"), ("resume", "resume_cron_job"),
-                       ("trigger", "trigger_cron_job"), ("remove", "delete_cron_job")):
-    _cron_action(_verb, _method)
+for _verb, (_method, _summary) in _CRON_ACTIONS.items():
+    _cron_action(_verb, _method, _summary)
 
 
 @main.command()

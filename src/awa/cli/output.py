@@ -46,6 +46,8 @@ _ESCAPES: dict[int, str] = {
     0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r",
     **{c: f"\\u{c:04x}" for c in _BIDI_AND_SEPARATORS},
 }
+#: Escapes in a TSV field: the same, and a backslash doubled.
+_TSV_ESCAPES: dict[int, str] = {**_ESCAPES, ord("\\"): "\\\\"}
 #: The same characters, except C0 (which ``json.dumps`` escapes), as JSON escapes.
 _JSON_ESCAPES: dict[int, str] = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0),
                                                               *_BIDI_AND_SEPARATORS)}
@@ -53,24 +55,75 @@ _JSON_ESCAPES: dict[int, str] = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0
 full_option = click.option("--full", is_flag=True,
                            help="Show long values whole instead of cut short.")
 
+#: How tables come out: rich tables, tab-separated lines, or exact JSON (``--json``).
+FORMATS = ("table", "tsv", "json")
+_FORMAT = "awa.format"  # click's ctx.meta keys (shared by every context of one run)
+_GLOBAL_FORMAT = "awa.global_format"
+#: The width tables get when stdout is not a terminal: wide enough never to cut a column.
+PIPE_WIDTH = 1 << 20
+
+
+def _command_format(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    if ctx.params.get("as_json") and value != "json":
+        raise click.UsageError(f"--json and --format {value} contradict each other", ctx)
+    ctx.meta[_FORMAT] = value
+
+
+def _global_format(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[_GLOBAL_FORMAT] = value
+
+
+def _json_flag(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    chosen = ctx.meta.get(_FORMAT)
+    if value and chosen not in (None, "json"):
+        raise click.UsageError(f"--json and --format {chosen} contradict each other", ctx)
+    return value or (chosen or ctx.meta.get(_GLOBAL_FORMAT)) == "json"
+
+
+_FORMAT_HELP = ("table (the default; never cut to the screen when piped), tsv (a header line, "
+                "then one tab-separated line per row; tabs, line breaks and backslashes "
+                "escaped) or json (as --json).")
+global_format_option = click.option(
+    "--format", type=click.Choice(FORMATS), default=None, expose_value=False,
+    callback=_global_format, help=f"Output of every command: {_FORMAT_HELP}")
+
+
+def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json`` and ``--format table|tsv|json`` (``as_json`` is True for either JSON)."""
+    f = click.option("--format", type=click.Choice(FORMATS), default=None, expose_value=False,
+                     callback=_command_format, help=f"Output: {_FORMAT_HELP}")(f)
+    return click.option("--json", "as_json", is_flag=True, callback=_json_flag,
+                        help="Machine-readable output (exact JSON).")(f)
+
+
+def current_format() -> str:
+    """The chosen output format of this run: ``table``, ``tsv`` or ``json``."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return "table"
+    return str(ctx.meta.get(_FORMAT) or ctx.meta.get(_GLOBAL_FORMAT) or "table")
+
 
 def printable(text: str) -> str:
     """``text`` with every control, bidi and line-separator character shown as an escape."""
     return text.translate(_ESCAPES)
 
 
-def clip(text: str, limit: int | None) -> str:
+def clip(text: str, limit: int | None, escapes: dict[int, str] = _ESCAPES) -> str:
     """``printable(text)``, cut to ``limit`` shown characters with a marker (None: whole)."""
     if limit is None:
-        return printable(text)
+        return text.translate(escapes)
     if len(text) <= limit:
-        shown = printable(text)
+        shown = text.translate(escapes)
         if len(shown) <= limit:
             return shown
     pieces: list[str] = []
     used = 0
     for i, ch in enumerate(text):
-        piece = _ESCAPES.get(ord(ch), ch)
+        piece = escapes.get(ord(ch), ch)
         if used + len(piece) > limit:
             rest = len(text[i:].encode("utf-8", "surrogatepass"))
             return "".join(pieces) + f"… (+{rest} bytes, use --full)"
@@ -98,29 +151,48 @@ def plain(value: Any) -> Any:
     return value
 
 
+def tsv_field(text: str, limit: int | None) -> str:
+    """One TSV field: escaped and cut like a table cell, backslashes doubled (so ``\\t``
+    is always an escaped tab)."""
+    return clip(text, limit, _TSV_ESCAPES)
+
+
 def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
          title: str | None = None, *, full: bool = False) -> None:
-    """Print ``data``: exact JSON, or a table of ``columns`` (rows are dicts), or key/value
-    lines, or a line; human output is escaped and long values cut unless ``full``."""
+    """Print ``data``: exact JSON, or a table (or TSV) of ``columns`` (rows are dicts), or
+    key/value lines, or a line; human output is escaped and long values cut unless ``full``."""
     data = plain(data)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
+    tsv = current_format() == "tsv"
     if columns is not None and isinstance(data, list):
-        table = Table(title=Text(printable(title)) if title else None)
-        for column in columns:
-            table.add_column(Text(printable(column)))
         limit = None if full else CELL_LIMIT
+        if tsv:
+            click.echo("\t".join(tsv_field(c, None) for c in columns))
+            for row in data:
+                click.echo("\t".join(tsv_field(_cell(row.get(c)), limit) for c in columns))
+            return
+        table = Table(title=Text(printable(title)) if title else None)
+        for column in columns:  # a narrow terminal folds a header, never cuts it to "avai…"
+            table.add_column(Text(printable(column), overflow="fold"))
         for row in data:
             table.add_row(*[Text(clip(_cell(row.get(c)), limit), overflow="fold")
                             for c in columns])
-        Console().print(table)
+        console = Console()
+        if not console.is_terminal:  # piped: as wide as the table needs, nothing cut
+            console = Console(width=PIPE_WIDTH)
+        console.print(table)
     elif isinstance(data, dict):
+        limit = None if full else VALUE_LIMIT
+        if tsv:
+            for key, value in data.items():
+                click.echo(f"{tsv_field(key, None)}\t{tsv_field(_cell(value), limit)}")
+            return
         keys = {key: printable(key) for key in data}
         width = max((len(k) for k in keys.values()), default=0)
         for key, value in data.items():
-            shown = clip(_cell(value), None if full else VALUE_LIMIT)
-            click.echo(f"{keys[key]:<{width}}  {shown}")
+            click.echo(f"{keys[key]:<{width}}  {clip(_cell(value), limit)}")
     else:
         say(str(data))
 

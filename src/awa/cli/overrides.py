@@ -7,9 +7,9 @@ from typing import Any
 import click
 
 from awa.cli import main
-from awa.cli.jobs import json_option, yes_option
-from awa.cli.operations import queue
-from awa.cli.output import confirm, emit, full_option, run_with_client, say
+from awa.cli.jobs import yes_option
+from awa.cli.operations import create_option, queue, require_queue
+from awa.cli.output import confirm, emit, full_option, json_option, run_with_client, say
 from awa.overrides import FIELDS
 
 OVERRIDE_COLUMNS = ("queue", "poll_interval_ms", "claim_batch_size", "rate_limit",
@@ -28,14 +28,17 @@ def overrides() -> None:
 @click.option("--rate-limit", default=None, metavar="RATE[/BURST]", help="Jobs per second.")
 @click.option("--deadline-ms", type=int, default=None, help="Hard deadline; 0 = none.")
 @click.option("--by", "updated_by", default=None, help="Who is changing it (recorded).")
+@create_option
 @yes_option
 @json_option
 @click.pass_obj
 def overrides_set(obj: dict[str, Any], name: str, poll_interval_ms: int | None,
                   claim_batch_size: int | None, rate_limit: str | None,
-                  deadline_ms: int | None, updated_by: str | None, yes: bool,
+                  deadline_ms: int | None, updated_by: str | None, create: bool, yes: bool,
                   as_json: bool) -> None:
     """Override some settings of queue NAME (the others keep their value)."""
+    if not create:
+        require_queue(obj, name, "override")
     confirm(yes, f"Change the settings of queue {name} on every running worker?")
     row = run_with_client(obj, lambda c: c.set_queue_override(
         name, poll_interval_ms=poll_interval_ms, claim_batch_size=claim_batch_size,

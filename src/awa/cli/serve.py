@@ -1,19 +1,37 @@
-"""``awa serve``: the web UI on a local port (uvicorn)."""
+"""``awa serve``: the web UI on a local port (uvicorn).
+
+The port is bound before anything is printed, so a busy port is a one-line
+error (exit 1); the URL is printed once the server is accepting connections.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import click
 
 from awa.cli import main
-from awa.cli.output import say
+from awa.cli.output import fail, first_line, say
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port); OSError if not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def url_of(host: str, sock: socket.socket) -> str:
+    """The UI's URL for a socket bound on ``host`` (its real port, also when asked for 0)."""
+    port = sock.getsockname()[1]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
 
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0: any free port; the URL printed shows which).")
 @click.option("--read-only", is_flag=True, help="Hide and refuse every mutation.")
 @click.option("--token", envvar="AWA_UI_TOKEN", default=None,
               help="Require this access token (default: $AWA_UI_TOKEN).")
@@ -31,7 +49,12 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
         from awa.web.ui.app import LOOPBACK_HOSTS
     except ImportError:
         raise click.ClickException("the web UI needs the 'ui' extra: "
-                                   "pip install 'awa[ui]'") from None
+                                   "pip install 'awa-queue[ui]'") from None
+    try:
+        sock = bind(host, port)
+    except OSError as exc:  # in use, not an address of this machine, not allowed
+        reason = (exc.strerror or first_line(exc)).split(" (while attempting")[0]
+        fail(f"cannot listen on {host}:{port}: {reason}")  # create_server adds the address
     if host not in ("127.0.0.1", "localhost", "::1") and token is None and not read_only:
         say("warning: serving mutations on a public address without --token", err=True)
     hosts: list[str] | None = None  # with a token: any Host, unless names are given
@@ -40,5 +63,14 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
         hosts = [*LOOPBACK_HOSTS, *([] if wildcard else [host]), *allowed_hosts]
     app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"],
                  allowed_hosts=hosts)
-    say(f"Awa UI on http://{host}:{port}/" + (" (read-only)" if read_only else ""), err=True)
-    uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AWA_LOG_LEVEL", "warning"))
+    announce = url_of(host, sock) + (" (read-only)" if read_only else "")
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if not self.should_exit:
+                say(f"Awa UI on {announce}", err=True)
+
+    config = uvicorn.Config(app, log_level=os.environ.get("AWA_LOG_LEVEL", "warning"))
+    with sock:
+        Server(config).run(sockets=[sock])

@@ -6,6 +6,24 @@ VALUES ($1, true, $2, now())
 ON CONFLICT (queue) DO UPDATE
 SET paused = true, paused_by = EXCLUDED.paused_by, paused_at = EXCLUDED.paused_at
 
+-- name: queue_known
+-- Whether anything knows queue $1: a switch row (every queue a worker has
+-- served has one), active jobs, failed or recently finished jobs, dead
+-- letters, an override, a descriptor, a worker's queue list or a cron
+-- schedule. Cheap probes first; completed and cancelled history past the
+-- throughput rollup's week is not scanned (it has no queue index).
+SELECT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.queue_overrides WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.descriptors WHERE scope = 'queue' AND name = $1)
+    OR EXISTS (SELECT 1 FROM awa.runtime_instances WHERE queues ? $1)
+    OR EXISTS (SELECT 1 FROM awa.cron_jobs WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.jobs WHERE state = 'available' AND queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.jobs WHERE state = 'running' AND queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.queue_throughput WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.jobs_done WHERE state = 'failed' AND queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.dlq WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.jobs WHERE queue = $1)
+
 -- name: queue_resume
 UPDATE awa.queues SET paused = false, paused_by = NULL, paused_at = NULL WHERE queue = $1
 

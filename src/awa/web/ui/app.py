@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from awa.client import AsyncClient
 from awa.db.pool import Conn
-from awa.errors import AwaError, DatabaseError, JobNotFound, ValidationError
+from awa.errors import AwaError, BatchOperationNotFound, DatabaseError, JobNotFound, ValidationError
 from awa.web.ui import actions
 
 STATIC = resources.files("awa.web.ui").joinpath("static")
@@ -178,7 +178,7 @@ def _guard(state: UiState, handler: Handler, *, mutation: bool) -> Handler:
                 return _error(403, "read-only mode: mutations are refused")
         try:
             return await handler(request)
-        except JobNotFound as exc:
+        except (JobNotFound, BatchOperationNotFound) as exc:
             return _error(404, str(exc))
         except ValidationError as exc:
             return _error(400, str(exc), field=exc.field, rule=exc.rule)
