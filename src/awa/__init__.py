@@ -15,7 +15,12 @@ from awa.batch import (
 )
 from awa.client import AsyncClient
 from awa.context import CallbackWaitAborted, JobContext
-from awa.db.migrations import current_migration_version, migrations
+from awa.db.migrations import (
+    current_migration_version,
+    migrations,
+    migrations_range,
+    schema_patches,
+)
 from awa.dlq import DlqEntry
 from awa.errors import (
     AwaError,
@@ -53,6 +58,9 @@ from awa.transaction import Transaction
 
 __version__ = "0.1.0"
 
+#: `awa-pg` exports its native client as ``RawClient``; here it is `AsyncClient`.
+RawClient = AsyncClient
+
 
 async def migrate(database_url: str | None = None, *, schema: str = "awa") -> list[int]:
     """Apply pending migrations to ``database_url``; returns the versions applied."""
@@ -87,6 +95,7 @@ __all__ = [
     "PartitionedQueue",
     "QueueHealth",
     "QueueStat",
+    "RawClient",
     "ResolveResult",
     "RetryAfter",
     "RetryFailedResult",
@@ -109,6 +118,8 @@ __all__ = [
     "max_payload_bytes",
     "migrate",
     "migrations",
+    "migrations_range",
+    "schema_patches",
     "set_max_payload_bytes",
     "shutdown_telemetry",
     "web",

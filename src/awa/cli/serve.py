@@ -26,7 +26,7 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
         from awa.web.ui import ui_app
     except ImportError:
         raise click.ClickException("the web UI needs the 'ui' extra: "
-                                   "pip install 'awa[ui]'") from None
+                                   "pip install 'awa-queue[ui]'") from None
     if host not in ("127.0.0.1", "localhost", "::1") and token is None and not read_only:
         click.echo("warning: serving mutations on a public address without --token", err=True)
     app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"])
