@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, ROOT, wait_until
+from tests.helpers import FAST, ROOT, idle_task, wait_until
 
 import awa
 from awa.maintenance.batch import BatchRunner
@@ -31,6 +31,7 @@ class Work:
 
 async def start_leader(client: awa.AsyncClient, **options: Any) -> None:
     """A worker that serves a queue nobody uses: only its leader services matter."""
+    idle_task(client, "idle")
     await client.start([("idle", 1)], **{**LEADER, **options})
     await wait_until(lambda: _leading(client), message="leadership")
 

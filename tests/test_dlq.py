@@ -192,7 +192,7 @@ async def test_partitioned_queue_routing_and_order(client: awa.AsyncClient) -> N
         awa.PartitionedQueue("emails", 0)
     order: dict[str, list[int]] = {}
 
-    @client.task(Charge, kind="ordered")
+    @client.task(Charge, kind="ordered", queue=pq.physical_queues[0])
     async def handle(job: awa.JobContext) -> None:
         await asyncio.sleep(0.01 * (job.args.n % 3))
         order.setdefault(job.queue + "/" + str(job.metadata["key"]), []).append(job.args.n)

@@ -16,6 +16,20 @@ class ValidationError(AwaError, ValueError):
         self.rule = rule
 
 
+class ConfigError(ValidationError):
+    """A worker setting (`start()` options, queue configs) broke a rule; ``str()`` is
+    the whole message, as `awa-pg` words it where the two share the setting."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        AwaError.__init__(self, message)
+        self.field = field
+        self.rule = message
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A worker setting of the wrong type (also a `TypeError`, as in `awa-pg`)."""
+
+
 class SerializationError(AwaError):
     """Args or metadata could not be converted to or from JSON."""
 
