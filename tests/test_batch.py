@@ -81,8 +81,9 @@ async def test_preview_counts_queued_matches_and_samples(client: awa.AsyncClient
     assert await count(state="retryable", queue="a") == 1
     assert await count(ids=[jobs[0].id, jobs[2].id, scheduled.id, 10**12]) == 2
     assert await count(kind="work", queue="b") == 1
-    assert await count(created_at_gte=jobs[5].created_at, created_at_lt=jobs[7].created_at) == 2
-    iso = jobs[13].created_at.isoformat()
+    assert await count(created_at_gte=jobs[5].created_at_datetime,
+                       created_at_lt=jobs[7].created_at_datetime) == 2
+    iso = jobs[13].created_at  # RFC 3339 text
     assert await count(created_at_gte=iso, queue="a") == 3  # 13, 14, scheduled
     assert await count() == 16
     assert await count(queue=None) == 16  # None means "any"

@@ -121,7 +121,7 @@ async def test_retry_backoff_bounds(client: awa.AsyncClient, conn: asyncpg.Conne
     retried = await wait_until(lambda: _state_is(client, job.id, awa.JobState.Retryable))
     await client.shutdown()
     failed_at = datetime.fromisoformat(retried.errors[0]["at"])
-    delay = (retried.run_at - failed_at).total_seconds()
+    delay = (retried.run_at_datetime - failed_at).total_seconds()
     assert 2.0 - 0.01 <= delay <= 2.5 + 0.01  # 2**1 * (1 + U(0, 0.25))
     delays = [await conn.fetchval("SELECT extract(epoch FROM awa.retry_delay($1))", n)
               for n in (3, 10, 40) for _ in range(20)]

@@ -120,16 +120,31 @@ class JobContext:
         return list(self._job.errors)
 
     @property
-    def run_at(self) -> datetime:
+    def run_at(self) -> str:
+        """RFC 3339, as `Job.run_at`."""
         return self._job.run_at
 
     @property
-    def deadline(self) -> datetime | None:
+    def deadline(self) -> str | None:
+        """This attempt's hard deadline, RFC 3339 (None: no deadline)."""
         return self._job.deadline
 
     @property
-    def created_at(self) -> datetime:
+    def created_at(self) -> str:
+        """RFC 3339, as `Job.created_at`."""
         return self._job.created_at
+
+    @property
+    def run_at_datetime(self) -> datetime:
+        return self._job.run_at_datetime
+
+    @property
+    def deadline_datetime(self) -> datetime | None:
+        return self._job.deadline_datetime
+
+    @property
+    def created_at_datetime(self) -> datetime:
+        return self._job.created_at_datetime
 
     @property
     def progress(self) -> dict[str, Any] | None:

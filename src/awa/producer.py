@@ -290,11 +290,14 @@ def as_utc(value: datetime) -> datetime:
 
 
 def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
-    """A time to run at, as aware UTC, within `states.RUN_AT_MIN`..`RUN_AT_MAX` (or None)."""
+    """A time to run at, as aware UTC, within `states.RUN_AT_MIN`..`RUN_AT_MAX` (or None).
+    Also an RFC 3339 string with a date, a time and an offset (as `awa-pg` takes)."""
     if run_at is None:
         return None
+    if isinstance(run_at, str):
+        run_at = _parse_rfc3339(run_at, field)
     if not isinstance(run_at, datetime):
-        raise ValidationError(field, "must be a datetime")
+        raise ValidationError(field, "must be a datetime or an RFC 3339 string")
     try:
         converted = as_utc(run_at)
     except (OverflowError, ValueError):  # beyond what Python can represent in UTC
@@ -306,6 +309,18 @@ def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
 
 
 _DAY = timedelta(days=1)
+
+
+def _parse_rfc3339(text: str, field: str) -> datetime:
+    """An RFC 3339 timestamp (``Z`` or ``±hh:mm``; a bare date or no offset is refused)."""
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None or "T" not in text.upper():
+        raise ValidationError(field, "must be a datetime or an RFC 3339 string with an offset, "
+                                     "e.g. 2030-01-02T03:04:05+00:00")
+    return parsed
 
 
 def parse_unique_opts(opts: Any) -> tuple[bool, bool, int | None, int] | None:
@@ -393,7 +408,7 @@ class _Options:
 def _options(kind: str | None = None, queue: str | None = None,
              priority: int = states.PRIORITY_DEFAULT,
              max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
-             metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+             metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
              unique_opts: Mapping[str, Any] | None = None,
              ordering_key: str | None = None, router: Router | None = None) -> _Options:
     if kind is not None:
@@ -435,7 +450,7 @@ def _with_args(o: _Options, args: Any) -> PreparedJob:
 def prepare(args: Any, *, kind: str | None = None, queue: str | None = None,
             priority: int = states.PRIORITY_DEFAULT,
             max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
-            metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+            metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
             unique_opts: Mapping[str, Any] | None = None,
             ordering_key: str | None = None, router: Router | None = None) -> PreparedJob:
     """Validate and serialize one job; raises before anything is written.

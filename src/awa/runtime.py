@@ -306,7 +306,7 @@ class Runtime:
     def _launch(self, job: Job) -> None:
         wait = None
         if job.attempted_at is not None:
-            wait = (job.attempted_at - job.run_at).total_seconds()
+            wait = (job.attempted_at - job.run_at_datetime).total_seconds()
             self.completer.observe_wait(job.queue, wait)
         telemetry.claimed(job, wait)
         self._job_tasks[(job.id, job.run_lease)] = asyncio.create_task(self._run(job))
