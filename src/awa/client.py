@@ -243,7 +243,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
     def task(self, args_type: Any = None, *, kind: str | None = None,
              queue: str = states.DEFAULT_QUEUE,
              completion: str = "runtime") -> Callable[[Handler], Handler]:
-        """Register ``async def handler(job)`` (or a plain ``def``) for a kind.
+        """Register ``async def handler(job)`` (or a plain ``def``) for a kind: the args
+        type's, ``kind``, or a string in place of the type (args arrive as a dict).
         ``completion="caller"``: the handler writes in ``job.transaction`` and the
         job completes in that same transaction (see `awa.owned`)."""
         def register(handler: Handler) -> Handler:

@@ -34,6 +34,16 @@ class SerializationError(AwaError):
     """Args or metadata could not be converted to or from JSON."""
 
 
+class ArgsTypeError(ValidationError, SerializationError):
+    """Args of a type that cannot be a job's args (not a dataclass, pydantic model or
+    dict): a `ValidationError` as in `awa-pg`, and a `SerializationError` as before."""
+
+    def __init__(self, message: str) -> None:
+        AwaError.__init__(self, message)
+        self.field = "args"
+        self.rule = message
+
+
 class UniqueConflict(AwaError):
     """A job with the same unique key already exists in a blocking state."""
 

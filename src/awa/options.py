@@ -18,4 +18,4 @@ class InsertOptions(TypedDict, total=False):
     metadata: Mapping[str, Any] | None
     run_at: datetime | str | None
     unique_opts: Mapping[str, Any] | None
-    ordering_key: str | None
+    ordering_key: str | bytes | None

@@ -10,10 +10,10 @@ SET paused = true, paused_by = EXCLUDED.paused_by, paused_at = EXCLUDED.paused_a
 UPDATE awa.queues SET paused = false, paused_by = NULL, paused_at = NULL WHERE queue = $1
 
 -- name: queue_drain
--- Cancel every job of the queue that is waiting to run.
+-- Cancel every job of the queue that is waiting: to run, or on a callback.
 WITH moved AS (
     DELETE FROM awa.jobs j
-    WHERE j.queue = $1 AND j.state IN ('scheduled', 'available', 'retryable')
+    WHERE j.queue = $1 AND j.state IN ('scheduled', 'available', 'retryable', 'waiting_external')
     RETURNING j
 )
 INSERT INTO awa.jobs_done
