@@ -273,6 +273,9 @@ class Runtime:
                 task.cancel()
             await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         if self._job_tasks:
+            # Handlers that poll job.is_cancelled() may wind down within the timeout.
+            for attempt in list(self._attempts.values()):
+                attempt.ctx._cancel()
             _, pending = await asyncio.wait(set(self._job_tasks.values()), timeout=timeout)
             for task in pending:
                 task.cancel()

@@ -229,6 +229,9 @@ class HandlerJob:
     async def flush_progress(self) -> None:
         return None
 
+    def flush_progress_sync(self) -> None:
+        return None
+
     async def register_callback(self, timeout_seconds: float = 3600, *,
                                 filter: str | None = None, on_complete: str | None = None,
                                 on_fail: str | None = None,

@@ -25,8 +25,9 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
 
         from awa.web.ui import ui_app
     except ImportError:
-        raise click.ClickException("the web UI needs the 'ui' extra: "
-                                   "pip install 'awa-queue[ui]'") from None
+        raise click.ClickException("the web UI needs the 'ui' extra: pip install "
+                                   "'awa-queue[ui]' (Awa serves its own dashboard; awa-pg's "
+                                   "awa-cli binary is not used)") from None
     if host not in ("127.0.0.1", "localhost", "::1") and token is None and not read_only:
         click.echo("warning: serving mutations on a public address without --token", err=True)
     app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"])
