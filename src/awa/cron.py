@@ -7,7 +7,8 @@ times in its timezone (DST included, via croniter) and, per fire time, moves
 ``last_fire_at`` forward with a compare-and-set in the same transaction as
 the job insert, so a fire time yields exactly one job even if two leaders
 overlap. ``coalesce`` fires only the latest missed time, ``catch_up`` every
-missed time (at most `CATCH_UP_LIMIT` per pass).
+missed time (at most `CATCH_UP_LIMIT` per pass). A schedule that never fired
+fires its most recent fire time of the last 24 hours at once, as awa-pg does.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from awa.model import Job
 log = logging.getLogger("awa.cron")
 POLICIES = ("coalesce", "catch_up")
 CATCH_UP_LIMIT = 100
+#: A schedule that never fired fires its latest fire time if it is this recent.
+FIRST_FIRE_WINDOW = timedelta(hours=24)
 
 
 def _iter(expr: str, start: datetime) -> croniter:
@@ -66,6 +69,13 @@ def fire_times(expr: str, tz: ZoneInfo, after: datetime, until: datetime,
             break
         out.append(nxt)
     return out
+
+
+def latest_fire(expr: str, tz: ZoneInfo, until: datetime) -> datetime:
+    """The last fire time at or before ``until``."""
+    it = _iter(expr, until.astimezone(tz) + timedelta(microseconds=1))
+    result: datetime = it.get_prev(datetime)
+    return result
 
 
 def next_fire(expr: str, timezone: str, after: datetime) -> datetime:
@@ -154,8 +164,14 @@ class CronService(PeriodicService):
                     log.exception("cron schedule %r failed to fire", row["name"])
 
     async def _fire(self, row: Any) -> None:
-        last = row["last_fire_at"] or row["created_at"]
-        due = fire_times(row["cron_expr"], ZoneInfo(row["timezone"]), last, row["db_now"])
+        tz = ZoneInfo(row["timezone"])
+        if row["last_fire_at"] is None:
+            # Never fired: its most recent fire time in the last day is due now (as in
+            # awa-pg), so a schedule declared after today's time still runs today.
+            latest = latest_fire(row["cron_expr"], tz, row["db_now"])
+            due = [latest] if latest > row["db_now"] - FIRST_FIRE_WINDOW else []
+        else:
+            due = fire_times(row["cron_expr"], tz, row["last_fire_at"], row["db_now"])
         if not due:
             return
         if row["missed_fire_policy"] == "coalesce":
