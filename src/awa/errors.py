@@ -58,6 +58,21 @@ class SchemaNotMigrated(AwaError):
     """The database schema is missing, behind, or newer than this code."""
 
 
+class StorageNotFinalized(SchemaNotMigrated):
+    """`awa-pg` 0.7 refuses to migrate mid storage transition. Awa has one storage
+    design and never raises it; defined so ``except`` clauses written for awa-pg work."""
+
+
+class LiveRuntimesRequireExclusiveWindow(AwaError):
+    """`awa-pg` 0.7: a migration that needs its workers stopped. Awa's migrations run
+    beside live workers, so it is never raised; defined for ``except`` clauses."""
+
+
+class RuntimeVersionFloorNotMet(AwaError):
+    """`awa-pg` 0.7: live workers older than a migration's floor. Never raised by Awa
+    (a worker refuses a schema other than its own instead: `SchemaNotMigrated`)."""
+
+
 class UnknownJobKind(AwaError):
     """No handler is registered for a job's kind."""
 
