@@ -8,7 +8,8 @@ times in its timezone (DST included, via croniter) and, per fire time, moves
 the job insert, so a fire time yields exactly one job even if two leaders
 overlap. ``coalesce`` fires only the latest missed time, ``catch_up`` every
 missed time (at most `CATCH_UP_LIMIT` per pass). A schedule that never fired
-fires its most recent fire time of the last 24 hours at once, as awa-pg does.
+fires its latest fire time at once if that was at most a minute ago (awa-pg:
+within the last 24 hours), then goes on from its next fire time.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from awa.model import Job
 log = logging.getLogger("awa.cron")
 POLICIES = ("coalesce", "catch_up")
 CATCH_UP_LIMIT = 100
-#: A schedule that never fired fires its latest fire time if it is this recent.
-FIRST_FIRE_WINDOW = timedelta(hours=24)
+#: A schedule that never fired fires its latest fire time if it is this recent
+#: (awa-pg: 24 hours, which fires a new daily schedule at deploy time).
+FIRST_FIRE_WINDOW = timedelta(minutes=1)
 
 
 def _iter(expr: str, start: datetime) -> croniter:
@@ -166,8 +168,9 @@ class CronService(PeriodicService):
     async def _fire(self, row: Any) -> None:
         tz = ZoneInfo(row["timezone"])
         if row["last_fire_at"] is None:
-            # Never fired: its most recent fire time in the last day is due now (as in
-            # awa-pg), so a schedule declared after today's time still runs today.
+            # Never fired: a fire time missed by at most FIRST_FIRE_WINDOW is due now, so
+            # a frequent schedule runs at once (as in awa-pg) and one declared just after
+            # its time still gets that run; older fire times are not made up.
             latest = latest_fire(row["cron_expr"], tz, row["db_now"])
             due = [latest] if latest > row["db_now"] - FIRST_FIRE_WINDOW else []
         else:
