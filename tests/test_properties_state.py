@@ -391,6 +391,7 @@ class JobMachine(RuleBasedStateMachine):
             n = self.run(self.client.drain_queue(queue))
             drained = [j for j in self.model.live() if j.queue == queue and j.table == "jobs"
                        and j.state in ("scheduled", "available", "retryable")]
+            drained += self.model.drainable_parked(queue)
             assert n == len(drained)
             for j in drained:
                 self.model.to_done(j, "cancelled")
