@@ -57,8 +57,9 @@ async def test_naive_run_at_is_local_time(client: awa.AsyncClient, new_york: Non
     in_ten = datetime.now() + timedelta(minutes=10)  # naive, New York wall clock
     job = await client.insert({"a": 1}, kind="k", run_at=in_ten)
     assert job.state is awa.JobState.Scheduled
-    assert abs(job.run_at - (datetime.now(UTC) + timedelta(minutes=10))) < timedelta(seconds=5)
-    assert job.run_at == datetime.fromtimestamp(in_ten.timestamp(), UTC)
+    expected = datetime.now(UTC) + timedelta(minutes=10)
+    assert abs(job.run_at_datetime - expected) < timedelta(seconds=5)
+    assert job.run_at_datetime == datetime.fromtimestamp(in_ten.timestamp(), UTC)
 
 
 async def test_job_outcomes_that_need_attention_are_logged(
@@ -253,6 +254,11 @@ async def test_health_without_a_worker_speaks_for_the_database(
         health = await unmigrated.health_check()
     assert health.postgres_connected and not health.healthy
     assert health.schema_compatible is False
+
+    @client.task(kind="k", queue="q")
+    async def handle(job: awa.Job) -> None:
+        return None
+
     await client.start([("q", 1)], **FAST)
     try:
         assert (await client.health_check()).runtime == "running"

@@ -277,6 +277,9 @@ class Runtime:
                 task.cancel()
             await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         if self._job_tasks:
+            # Handlers that poll job.is_cancelled() may wind down within the timeout.
+            for attempt in list(self._attempts.values()):
+                attempt.ctx._cancel()
             _, pending = await asyncio.wait(set(self._job_tasks.values()), timeout=timeout)
             for task in pending:
                 task.cancel()
@@ -309,7 +312,7 @@ class Runtime:
     def _launch(self, job: Job) -> None:
         wait = None
         if job.attempted_at is not None:
-            wait = (job.attempted_at - job.run_at).total_seconds()
+            wait = (job.attempted_at - job.run_at_datetime).total_seconds()
             self.completer.observe_wait(job.queue, wait)
         telemetry.claimed(job, wait)
         self._job_tasks[(job.id, job.run_lease)] = asyncio.create_task(self._run(job))

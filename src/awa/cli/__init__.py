@@ -49,15 +49,25 @@ def _run(coro: Any) -> Any:
 @global_format_option
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
-    """Awa: a Postgres-native job queue."""
+    """Awa job queue CLI: a Postgres-native job queue."""
     ctx.obj = {"url": database_url, "schema": schema}
 
 
 @main.command()
 @click.option("--sql", "print_sql", is_flag=True, help="Print the migration SQL instead.")
+@click.option("--version", "only", type=int, default=None,
+              help="Print one migration's SQL (no database needed).")
+@click.option("--from", "from_version", type=int, default=None,
+              help="Print the SQL of the migrations after this version (exclusive).")
+@click.option("--to", "to_version", type=int, default=None,
+              help="... up to this version (inclusive; default: the newest).")
 @click.pass_obj
-def migrate(obj: dict[str, Any], print_sql: bool) -> None:
+def migrate(obj: dict[str, Any], print_sql: bool, only: int | None, from_version: int | None,
+            to_version: int | None) -> None:
     """Apply pending schema migrations (safe to run from many processes)."""
+    if only is not None or from_version is not None or to_version is not None:
+        _print_migrations(obj["schema"], only, from_version, to_version)
+        return
     if print_sql:
         for version, description, sql in migrations.pending_sql(0, obj["schema"]):
             click.echo(f"-- {version:04d} {description}\n{sql}")
@@ -77,6 +87,23 @@ def migrate(obj: dict[str, Any], print_sql: bool) -> None:
     with Bar("migrating", enabled=bars_enabled()) as bar:
         applied = _run(go())
     say(f"applied migrations {applied}" if applied else "schema is up to date")
+
+
+def _print_migrations(schema: str, only: int | None, after: int | None,
+                      upto: int | None) -> None:
+    """The SQL of one migration or a range, as ``-- Migration V<n>: <description>``."""
+    newest = migrations.current_migration_version()
+    if only is not None:
+        if not 1 <= only <= newest:
+            click.echo(f"error: version {only} is out of range 1..{newest}", err=True)
+            sys.exit(1)
+        after, upto = only - 1, only
+    chosen = migrations.migrations_range(after or 0, newest if upto is None else upto)
+    if not chosen:
+        click.echo(f"no migrations in ({after or 0}, {upto}]", err=True)
+    for version, description, _ in chosen:
+        sql = next(s for v, _, s in migrations.pending_sql(version - 1, schema) if v == version)
+        click.echo(f"-- Migration V{version}: {description}\n{sql}")
 
 
 @main.command()
