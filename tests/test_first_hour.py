@@ -264,3 +264,18 @@ async def test_health_without_a_worker_speaks_for_the_database(
         assert (await client.health_check()).runtime == "running"
     finally:
         await client.shutdown()
+
+
+async def test_partition_keys_may_be_ints(client: awa.AsyncClient) -> None:
+    pq = awa.PartitionedQueue("orders", 4)
+    routed = pq.route_by_key(42)
+    assert routed == pq.route_by_key("42") and routed["queue"].startswith("orders")
+    assert pq.route_by_key(uuid.UUID(int=7)) == pq.route_by_key(str(uuid.UUID(int=7)))
+    job = await client.insert({"a": 1}, kind="k", **routed)  # type: ignore[arg-type]
+    assert job.queue == routed["queue"] and job.ordering_key == "42"
+    assert pq.route_by_key(10**197)["queue"] == pq.route_by_key(str(10**197))["queue"]
+    with pytest.raises(awa.ValidationError, match="at most 198 digits"):
+        pq.route_by_key(10**100_000)                 # no MemoryError, no 4300-digit error
+    for bad in (object(), True, 1.5):
+        with pytest.raises(awa.ValidationError, match="bytes-like or str"):
+            pq.route_by_key(bad)  # type: ignore[arg-type]

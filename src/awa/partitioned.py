@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+from uuid import UUID
 
 import blake3
 
@@ -32,11 +33,19 @@ def _check_partitions(count: Any) -> int:
 
 
 def _key_bytes(key: Any) -> bytes:
+    """A routing key as bytes: str (UTF-8), bytes-like, or an int or UUID (its text)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        if key.bit_length() > 660:  # ordering keys are at most 200 characters
+            raise ValidationError("ordering_key", "an int key must have at most 198 digits")
+        key = str(key)
+    elif isinstance(key, UUID):
+        key = str(key)
     if isinstance(key, str):
         return key.encode("utf-8", "surrogatepass")
     if isinstance(key, bytes | bytearray | memoryview):
         return bytes(key)
-    raise ValidationError("ordering_key", "ordering_key must be bytes-like or str")
+    raise ValidationError("ordering_key", "ordering_key must be bytes-like or str "
+                          "(or an int or UUID)")
 
 
 def _positive(name: str, value: Any) -> int:
@@ -100,12 +109,12 @@ class PartitionedQueue:
             raise ValidationError("index", "index must be >= 0")
         return self.physical_queues[index % self.partitions]
 
-    def queue_for_key(self, key: str | bytes) -> str:
+    def queue_for_key(self, key: str | bytes | int | UUID) -> str:
         """The physical queue ``key`` routes to (stable across processes)."""
         digest = int.from_bytes(blake3.blake3(_key_bytes(key)).digest(length=8), "little")
         return self.physical_queues[digest % self.partitions]
 
-    def route_by_key(self, key: str | bytes) -> dict[str, str | bytes]:
+    def route_by_key(self, key: str | bytes | int | UUID) -> dict[str, str | bytes]:
         """Insert options for a keyed job: ``client.insert(args, **pq.route_by_key(k))``;
         the key (as bytes, like `awa-pg`) is also the job's ``ordering_key``."""
         data = _key_bytes(key)
