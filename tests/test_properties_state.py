@@ -49,11 +49,11 @@ from tests.prop_support import rows as all_rows
 import awa
 from awa.completion import Completer
 from awa.context import AttemptDb, JobContext
-from awa.executor import JobExecutor, Outcome
+from awa.executor import JobExecutor
 from awa.finalize import Finalizer
 from awa.followups import EnqueueRequest
 from awa.maintenance.services import Promoter, Rescuer
-from awa.model import Job
+from awa.model import Job, Outcome
 from awa.tasks import Registry, make_spec
 from awa.testing import AwaTestClient, JobRow
 

@@ -13,7 +13,7 @@ from tests.helpers import FAST, idle_task, spawn_worker, wait_until
 import awa
 from awa.completion import Completer
 from awa.db.queries import queries
-from awa.executor import Outcome
+from awa.model import Outcome
 
 
 @dataclass

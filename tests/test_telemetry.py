@@ -19,7 +19,7 @@ from tests.helpers import FAST, ROOT, wait_until
 
 import awa
 from awa import bridge, telemetry
-from awa.maintenance.services import Rescuer
+from awa.maintenance.services import QueueGauges, Rescuer
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -177,7 +177,7 @@ async def test_queue_depth_and_lag_gauges(client: awa.AsyncClient, otel: Otel) -
     pool = await client.pool()
     await pool.execute("UPDATE awa.jobs SET run_at = $2 WHERE id = $1", first.id, old)
     assert otel.points("awa.queue.depth") == {}  # nothing until the leader has looked
-    gauges = telemetry.QueueGauges(pool, client._q, lambda: True)
+    gauges = QueueGauges(pool, client._q, lambda: True)
     await gauges.run_once()
     depth = {dict(k)["awa.job.state"]: p.value for k, p in otel.points("awa.queue.depth").items()
              if dict(k)["awa.job.queue"] == "idle"}

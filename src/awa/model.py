@@ -6,7 +6,7 @@ import base64
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from awa.states import JobState
 
@@ -231,3 +231,20 @@ class Output:
     """Return to complete and retain ``value`` on the job for inspection."""
 
     value: Any
+
+
+#: "lost": a caller-owned completion found its run lease stale; nothing to write.
+OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait", "lost"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an attempt came to, ready to be written."""
+
+    kind: OutcomeKind
+    delay: float | None = None  #: seconds, for retry (None = backoff) and snooze
+    error: str | None = None  #: the errors-list message, for retry / fail / cancel
+    terminal: bool = False  #: a fail caused by TerminalError (not by running out of attempts)
+    output_json: str | None = None  #: retained output of a completed job
+    token: str | None = None  #: callback id, for wait
+    committed: bool = False  #: a caller-owned completion already committed it

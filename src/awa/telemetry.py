@@ -24,21 +24,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from awa.maintenance.base import PeriodicService
-
 if TYPE_CHECKING:
     from contextvars import Token
 
-    import asyncpg
     from opentelemetry.context import Context
     from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
     from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from awa.db.queries import Queries
-    from awa.executor import Outcome
-    from awa.model import Job
+    from awa.model import Job, Outcome
 
 log = logging.getLogger("awa.telemetry")
 
@@ -373,33 +368,22 @@ def _observe_lag(options: CallbackOptions) -> Iterable[Observation]:
     return [Observation(v, {"awa.job.queue": q}) for q, v in snap.lag.items()]
 
 
-class QueueGauges(PeriodicService):
-    """On the leader, refreshes the cached queue depth and lag that the gauges report.
+def metrics_on() -> bool:
+    """Whether metrics are being recorded (the queue gauges' query is skipped if not)."""
+    return _metrics is not None
 
-    One grouped count of the active table per interval, and only while metrics
-    are on; a process that stops leading stops reporting once its copy is stale.
-    """
 
-    name = "queue_gauges"
-
-    def __init__(self, pool: asyncpg.Pool, q: Queries, is_leader: Callable[[], bool],
-                 interval: timedelta = QUEUE_GAUGE_INTERVAL) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
-
-    async def run_once(self) -> None:
-        if _metrics is None:
-            return
-        rows = await self._pool.fetch(self._q["queue_depth_lag"])
-        # Pairs seen before and now empty report 0 instead of vanishing.
-        depth = dict.fromkeys(_queues.depth, 0)
-        lag = dict.fromkeys(_queues.lag, 0.0)
-        for r in rows:
-            depth[(r["queue"], r["state"])] = int(r["depth"])
-            lag.setdefault(r["queue"], 0.0)
-            if r["lag_seconds"] is not None:
-                lag[r["queue"]] = float(r["lag_seconds"])
-        _queues.depth, _queues.lag, _queues.at = depth, lag, time.monotonic()
+def record_queue_snapshot(rows: Iterable[Mapping[str, Any]]) -> None:
+    """Cache one ``queue_depth_lag`` result for the depth and lag gauges to report."""
+    # Pairs seen before and now empty report 0 instead of vanishing.
+    depth = dict.fromkeys(_queues.depth, 0)
+    lag = dict.fromkeys(_queues.lag, 0.0)
+    for r in rows:
+        depth[(r["queue"], r["state"])] = int(r["depth"])
+        lag.setdefault(r["queue"], 0.0)
+        if r["lag_seconds"] is not None:
+            lag[r["queue"]] = float(r["lag_seconds"])
+    _queues.depth, _queues.lag, _queues.at = depth, lag, time.monotonic()
 
 
 # -- setup ----------------------------------------------------------------------------

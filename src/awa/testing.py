@@ -27,10 +27,10 @@ from awa.callback_rules import compile_rules
 from awa.client import AsyncClient
 from awa.completion import Completer
 from awa.context import AttemptDb
-from awa.executor import JobExecutor, Outcome
+from awa.executor import JobExecutor
 from awa.finalize import Finalizer
 from awa.followups import StagingBuffer
-from awa.model import CallbackToken, Job
+from awa.model import CallbackToken, Job, Outcome
 from awa.options import InsertOptions
 from awa.producer import PreparedJob
 from awa.tasks import Handler, Registry, make_spec

@@ -10,7 +10,6 @@ import click
 
 import awa
 from awa import bulk
-from awa.cli import main
 from awa.cli.output import (
     JOB_COLUMNS,
     TOO_DEEP,
@@ -23,6 +22,7 @@ from awa.cli.output import (
     run_with_client,
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
+from awa.cli.root import main
 
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 

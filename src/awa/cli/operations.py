@@ -12,7 +12,6 @@ import click
 
 import awa
 from awa import admin, bulk
-from awa.cli import main
 from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
@@ -26,6 +25,7 @@ from awa.cli.output import (
     say,
 )
 from awa.cli.progress import checked_action, chunk_option, run_bulk
+from awa.cli.root import main
 from awa.errors import SchemaNotMigrated
 from awa.web.health import parse_addr
 
