@@ -64,3 +64,14 @@ def spawn_worker(database_url: str, *extra: str, workers: int = 4,
         [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
          "--queue", f"procs={workers}", *[f"--set={k}={v}" for k, v in FAST.items()], *extra],
         env=full_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def idle_task(client: awa.AsyncClient, queue: str = "idle") -> None:
+    """Register a no-op task on ``queue``: a worker only starts with something to run
+    (as in awa-pg), so maintenance-only test workers get this one."""
+    if client._registry.get(f"idle_{queue}") is not None:
+        return
+
+    @client.task(kind=f"idle_{queue}", queue=queue)
+    async def idle(job: Any) -> None:
+        return None

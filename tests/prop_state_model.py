@@ -189,6 +189,20 @@ class Model:
                 holders[j.key] += 1
         return any(n > 1 for n in holders.values())
 
+    def drainable_parked(self, queue: str) -> list[MJob]:
+        """The parked jobs of ``queue`` a drain cancels: those whose cancelled state
+        takes no key another job holds (of two sharing a free key, the first)."""
+        parked = sorted((j for j in self.live() if j.queue == queue and j.table == "jobs"
+                         and j.state == "waiting_external"), key=lambda j: j.id)
+        out = []
+        for j in parked:
+            first = min(p.id for p in parked if p.key == j.key) == j.id
+            held = any(o.id != j.id and o.key == j.key and o.mask & STATE_BITS[o.state]
+                       for o in self.live())
+            if j.key is None or not j.mask & STATE_BITS["cancelled"] or (not held and first):
+                out.append(j)
+        return out
+
     def plan_inserts(self, kind: str, queue: str, batch: list[tuple[int, int]],
                      unique: dict[str, Any] | None, state: str,
                      max_attempts: int) -> list[MJob | None]:

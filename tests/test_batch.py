@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, ROOT, wait_until
+from tests.helpers import FAST, ROOT, idle_task, wait_until
 
 import awa
 from awa.maintenance.batch import BatchRunner
@@ -31,6 +31,7 @@ class Work:
 
 async def start_leader(client: awa.AsyncClient, **options: Any) -> None:
     """A worker that serves a queue nobody uses: only its leader services matter."""
+    idle_task(client, "idle")
     await client.start([("idle", 1)], **{**LEADER, **options})
     await wait_until(lambda: _leading(client), message="leadership")
 
@@ -54,6 +55,13 @@ def runner(client: awa.AsyncClient, pool: asyncpg.Pool, chunk_size: int = 500) -
     """The leader's runner, driven directly (always leading)."""
     return BatchRunner(pool, client._q, timedelta(seconds=1), lambda: True,
                        instance_id="test-runner", chunk_size=chunk_size)
+
+
+async def runner_step(client: awa.AsyncClient, op_id: str) -> None:
+    """One step of the leader's runner on ``op_id`` (a cancelling one is finalised)."""
+    pool = await client.pool()
+    async with pool.acquire() as conn:
+        await runner(client, pool).step(conn, uuid.UUID(op_id))
 
 
 async def test_preview_counts_queued_matches_and_samples(client: awa.AsyncClient,
@@ -80,8 +88,9 @@ async def test_preview_counts_queued_matches_and_samples(client: awa.AsyncClient
     assert await count(state="retryable", queue="a") == 1
     assert await count(ids=[jobs[0].id, jobs[2].id, scheduled.id, 10**12]) == 2
     assert await count(kind="work", queue="b") == 1
-    assert await count(created_at_gte=jobs[5].created_at, created_at_lt=jobs[7].created_at) == 2
-    iso = jobs[13].created_at.isoformat()
+    assert await count(created_at_gte=jobs[5].created_at_datetime,
+                       created_at_lt=jobs[7].created_at_datetime) == 2
+    iso = jobs[13].created_at  # RFC 3339 text
     assert await count(created_at_gte=iso, queue="a") == 3  # 13, 14, scheduled
     assert await count() == 16
     assert await count(queue=None) == 16  # None means "any"
@@ -349,7 +358,11 @@ async def test_list_get_cancel_pending_and_purge(client: awa.AsyncClient) -> Non
     assert [o["id"] for o in await client.list_batch_operations(limit=1)] == [third["id"]]
     assert await client.get_batch_operation(second["id"]) == second
 
-    cancelled = await client.cancel_batch_operation(first["id"])  # pending: at once
+    cancelling = await client.cancel_batch_operation(first["id"])  # the runner finalises it
+    assert cancelling["state"] == "cancelling" and cancelling["finalized_at"] is None
+    assert (await client.cancel_batch_operation(first["id"]))["state"] == "cancelling"
+    await runner_step(client, first["id"])
+    cancelled = await client.get_batch_operation(first["id"])
     assert cancelled["state"] == "cancelled" and cancelled["finalized_at"] is not None
     assert cancelled["retention_until"] is not None
     assert [o["id"] for o in await client.list_batch_operations(state="cancelled")] == \
@@ -437,7 +450,7 @@ async def test_snapshot_steps_over_id_gaps(client: awa.AsyncClient,
     assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE priority = 3") == 6
 
 
-def test_sync_client(sync_client: awa.Client) -> None:
+def test_sync_client(sync_client: awa.Client, database_url: str) -> None:
     job = sync_client.insert(Work(1), queue="s")
     preview = sync_client.preview_move_queue("t", filter={"queue": "s"})
     assert preview["total_matched"] == 1 and preview["sample"][0]["id"] == job.id
@@ -449,7 +462,13 @@ def test_sync_client(sync_client: awa.Client) -> None:
     other = sync_client.set_priority(4, filter={"ids": [job.id]})
     assert sync_client.get_batch_operation(op["id"])["state"] == "pending"
     assert [o["id"] for o in sync_client.list_batch_operations()] == [other["id"], op["id"]]
-    assert sync_client.cancel_batch_operation(op["id"])["state"] == "cancelled"
+    assert sync_client.cancel_batch_operation(op["id"])["state"] == "cancelling"
+
+    async def finalise() -> None:
+        async with awa.AsyncClient(database_url) as c:
+            await runner_step(c, op["id"])
+    asyncio.run(finalise())
+    assert sync_client.get_batch_operation(op["id"])["state"] == "cancelled"
     assert sync_client.purge_batch_operations(datetime.now(UTC) + timedelta(minutes=1)) == 1
     sub = sync_client.submit_batch_operation("set_priority", spec={"priority": 2},
                                              filter={"queue": "s"})
@@ -517,7 +536,8 @@ async def test_cli(database_url: str, client: awa.AsyncClient) -> None:
     assert "submitted_by" in awa_cli(url, "batch", "show", op["id"]).stdout
 
     cancelled = ok_json(awa_cli(url, "batch", "cancel", op["id"], "--yes", "--json"))
-    assert cancelled["state"] == "cancelled"
+    assert cancelled["state"] == "cancelling"
+    await runner_step(client, op["id"])
     one_line_error(awa_cli(url, "batch", "cancel", op["id"], "--yes"), "cannot be cancelled")
     future = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
     purged = ok_json(awa_cli(url, "batch", "purge", "--before", future, "--yes", "--json"))

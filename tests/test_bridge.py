@@ -254,7 +254,8 @@ async def app_rows(conn: asyncpg.Connection) -> list[str]:
 
 
 def as_dict(job: awa.Job) -> dict[str, Any]:
-    out = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    out = {f.name.removesuffix("_datetime"): getattr(job, f.name)
+           for f in dataclasses.fields(job)}
     return {**out, "state": str(job.state), "traceparent": job.traceparent}
 
 

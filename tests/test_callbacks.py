@@ -356,7 +356,8 @@ async def test_http_callbacks(client: awa.AsyncClient) -> None:
     sig = callback_contract.sign(secret, c0)
     assert callback_contract.verify(secret, c0, sig)
     assert not callback_contract.verify(secret, c0, "00" * 32)
-    assert callback_contract.build_callback_url("https://x.example/", "api", c0, "complete") == \
+    assert callback_contract.build_callback_url("https://x.example/", "api/callbacks", c0,
+                                              "complete") == \
         f"https://x.example/api/callbacks/{c0}/complete"
     status, _ = await _post(app, f"/api/callbacks/{c0}/complete", b'{"payload": 1}')
     assert status == 401  # missing signature

@@ -81,8 +81,8 @@ def test_sync_client_round_trip(sync_client: awa.Client) -> None:
 
 
 #: Worker-side methods exist only on the async client (spec §3.3).
-ASYNC_ONLY = {"task", "start", "shutdown", "periodic", "pool", "database_url", "on_event",
-              "runtime", "health_check", "schema", "prepare_queue_storage_schema",
+ASYNC_ONLY = {"task", "worker", "start", "shutdown", "periodic", "pool", "database_url",
+              "on_event", "runtime", "schema", "prepare_queue_storage_schema",
               # worker declarations, like task and periodic (the sync client runs no worker)
               "queue_descriptor", "job_kind_descriptor"}
 

@@ -79,8 +79,8 @@ async def test_override_picked_up_by_running_worker(client: awa.AsyncClient,
     runtime: Any = client._runtime
     first = await client.insert(Slow(0), queue="mail")
     job = await wait_for_state(client, first.id, awa.JobState.Completed)
-    assert job.deadline is not None and job.attempted_at is not None
-    assert job.deadline - job.attempted_at >= timedelta(minutes=5)  # the default deadline
+    assert job.deadline_datetime is not None and job.attempted_at is not None
+    assert job.deadline_datetime - job.attempted_at >= timedelta(minutes=5)  # the default deadline
 
     ov = await client.set_queue_override("mail", deadline_ms=1500, claim_batch_size=1,
                                          rate_limit="50/5", poll_interval_ms=250,
@@ -93,8 +93,8 @@ async def test_override_picked_up_by_running_worker(client: awa.AsyncClient,
 
     second = await client.insert(Slow(0), queue="mail")
     job = await wait_for_state(client, second.id, awa.JobState.Completed)
-    assert job.deadline is not None and job.attempted_at is not None
-    assert abs((job.deadline - job.attempted_at).total_seconds() - 1.5) < 0.05
+    assert job.deadline_datetime is not None and job.attempted_at is not None
+    assert abs((job.deadline_datetime - job.attempted_at).total_seconds() - 1.5) < 0.05
 
     # Partial clear keeps the rest; clearing everything restores the start() config.
     assert await client.clear_queue_override("mail", ["claim_batch_size"])

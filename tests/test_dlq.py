@@ -187,12 +187,12 @@ async def test_partitioned_queue_routing_and_order(client: awa.AsyncClient) -> N
     assert pq.queue_for_key("customer-1") == awa.PartitionedQueue("emails", 4).queue_for_key(
         "customer-1")
     assert len({pq.queue_for_key(f"c{i}") for i in range(100)}) == 4
-    assert pq.route_by_key("c1") == {"queue": pq.queue_for_key("c1"), "ordering_key": "c1"}
+    assert pq.route_by_key("c1") == {"queue": pq.queue_for_key("c1"), "ordering_key": b"c1"}
     with pytest.raises(awa.ValidationError):
         awa.PartitionedQueue("emails", 0)
     order: dict[str, list[int]] = {}
 
-    @client.task(Charge, kind="ordered")
+    @client.task(Charge, kind="ordered", queue=pq.physical_queues[0])
     async def handle(job: awa.JobContext) -> None:
         await asyncio.sleep(0.01 * (job.args.n % 3))
         order.setdefault(job.queue + "/" + str(job.metadata["key"]), []).append(job.args.n)

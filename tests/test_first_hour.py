@@ -57,8 +57,9 @@ async def test_naive_run_at_is_local_time(client: awa.AsyncClient, new_york: Non
     in_ten = datetime.now() + timedelta(minutes=10)  # naive, New York wall clock
     job = await client.insert({"a": 1}, kind="k", run_at=in_ten)
     assert job.state is awa.JobState.Scheduled
-    assert abs(job.run_at - (datetime.now(UTC) + timedelta(minutes=10))) < timedelta(seconds=5)
-    assert job.run_at == datetime.fromtimestamp(in_ten.timestamp(), UTC)
+    expected = datetime.now(UTC) + timedelta(minutes=10)
+    assert abs(job.run_at_datetime - expected) < timedelta(seconds=5)
+    assert job.run_at_datetime == datetime.fromtimestamp(in_ten.timestamp(), UTC)
 
 
 async def test_job_outcomes_that_need_attention_are_logged(
@@ -253,8 +254,28 @@ async def test_health_without_a_worker_speaks_for_the_database(
         health = await unmigrated.health_check()
     assert health.postgres_connected and not health.healthy
     assert health.schema_compatible is False
+
+    @client.task(kind="k", queue="q")
+    async def handle(job: awa.Job) -> None:
+        return None
+
     await client.start([("q", 1)], **FAST)
     try:
         assert (await client.health_check()).runtime == "running"
     finally:
         await client.shutdown()
+
+
+async def test_partition_keys_may_be_ints(client: awa.AsyncClient) -> None:
+    pq = awa.PartitionedQueue("orders", 4)
+    routed = pq.route_by_key(42)
+    assert routed == pq.route_by_key("42") and routed["queue"].startswith("orders")
+    assert pq.route_by_key(uuid.UUID(int=7)) == pq.route_by_key(str(uuid.UUID(int=7)))
+    job = await client.insert({"a": 1}, kind="k", **routed)  # type: ignore[arg-type]
+    assert job.queue == routed["queue"] and job.ordering_key == "42"
+    assert pq.route_by_key(10**197)["queue"] == pq.route_by_key(str(10**197))["queue"]
+    with pytest.raises(awa.ValidationError, match="at most 198 digits"):
+        pq.route_by_key(10**100_000)                 # no MemoryError, no 4300-digit error
+    for bad in (object(), True, 1.5):
+        with pytest.raises(awa.ValidationError, match="bytes-like or str"):
+            pq.route_by_key(bad)  # type: ignore[arg-type]

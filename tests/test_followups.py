@@ -300,7 +300,7 @@ async def test_completion_retried_after_lost_connection_inserts_once(
 
 async def test_replayed_completion_inserts_nothing_twice(
         client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
-    from awa.executor import Outcome
+    from awa.model import Outcome
     from awa.producer import prepare
 
     job = await client.insert(StageA(1))

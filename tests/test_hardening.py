@@ -60,8 +60,8 @@ async def test_run_at_extremes_are_refused_everywhere(client: awa.AsyncClient,
 async def test_run_at_edges_of_the_range_are_accepted(client: awa.AsyncClient) -> None:
     early = await client.insert({"a": 1}, kind="k", run_at=states.RUN_AT_MIN)
     late = await client.insert({"a": 1}, kind="k", run_at=states.RUN_AT_MAX)
-    assert early.state is awa.JobState.Available and early.run_at == states.RUN_AT_MIN
-    assert late.state is awa.JobState.Scheduled and late.run_at == states.RUN_AT_MAX
+    assert early.state is awa.JobState.Available and early.run_at_datetime == states.RUN_AT_MIN
+    assert late.state is awa.JobState.Scheduled and late.run_at_datetime == states.RUN_AT_MAX
 
 
 async def test_dlq_retry_refuses_infinite_run_at(client: awa.AsyncClient) -> None:
@@ -242,7 +242,7 @@ async def test_unknown_kind_is_retried_for_a_newer_worker(client: awa.AsyncClien
         await client.shutdown()
     assert retried.attempt == 1 and "UnknownJobKind" in retried.errors[0]["error"]
     assert "terminal" not in retried.errors[0]
-    assert retried.run_at > datetime.now(UTC)  # backoff, not an immediate hot loop
+    assert retried.run_at_datetime > datetime.now(UTC)  # backoff, not an immediate hot loop
 
     async with awa.AsyncClient(database_url) as newer:
         ran: list[dict[str, Any]] = []

@@ -59,11 +59,11 @@ async def test_run_at_schedules(client: awa.AsyncClient) -> None:
     future = datetime.now(UTC) + timedelta(hours=1)
     job = await client.insert(SendEmail("x"), run_at=future)
     assert job.state is awa.JobState.Scheduled
-    assert abs((job.run_at - future).total_seconds()) < 0.001
+    assert abs((job.run_at_datetime - future).total_seconds()) < 0.001
     past = await client.insert(SendEmail("y"), run_at=datetime.now(UTC) - timedelta(hours=1))
     assert past.state is awa.JobState.Available
     naive = await client.insert(SendEmail("z"), run_at=datetime(2100, 1, 1))
-    assert naive.run_at == datetime(2100, 1, 1).astimezone(UTC)  # naive = local time
+    assert naive.run_at_datetime == datetime(2100, 1, 1).astimezone(UTC)  # naive = local time
 
 
 BAD_INPUTS = [

@@ -36,7 +36,7 @@ from tests.prop_support import (
 )
 
 import awa
-from awa.testing import AwaTestClient
+from awa.testing import AwaTestClient, JobRow
 from awa.web.callbacks import callback_app
 from awa.web.ui import ui_app
 
@@ -197,8 +197,10 @@ async def _parked(client: awa.AsyncClient) -> tuple[awa.Job, str]:
     async def park(job: Any) -> object:
         return awa.WaitForCallback(await job.register_callback())
     result = await AwaTestClient(client).work_one(Ping, park)
-    assert isinstance(result.job, awa.Job) and result.job.callback_id is not None
-    return result.job, result.job.callback_id
+    assert isinstance(result.job, JobRow) and result.job.snapshot is not None
+    job = result.job.snapshot
+    assert job.callback_id is not None
+    return job, job.callback_id
 
 
 CALLBACK_ACTIONS = st.sampled_from(["complete", "fail", "retry", "resume", "heartbeat"])
@@ -257,8 +259,8 @@ async def test_handler_outcomes_never_strand_a_job(client: awa.AsyncClient, kind
     async def handler(job: Any) -> object:
         return awa.RetryAfter(seconds) if kind == "retry_after" else awa.Snooze(seconds)
     result = await AwaTestClient(client).work_one(Ping, handler)
-    assert isinstance(result.job, awa.Job)
-    assert result.job.state in (awa.JobState.Retryable, awa.JobState.Scheduled)
+    assert isinstance(result.job, JobRow)
+    assert result.job.state in ("retryable", "scheduled")
     await (await client.pool()).execute("DELETE FROM awa.jobs")
 
 

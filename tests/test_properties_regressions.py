@@ -15,7 +15,7 @@ from tests.prop_support import check_invariants
 
 import awa
 from awa.maintenance.services import Rescuer
-from awa.testing import AwaTestClient
+from awa.testing import AwaTestClient, JobRow
 
 
 async def _park(harness: AwaTestClient, *, early: str | None = None) -> awa.Job:
@@ -25,8 +25,8 @@ async def _park(harness: AwaTestClient, *, early: str | None = None) -> awa.Job:
             await harness.client.resume_external(token.id, "early")
         return awa.WaitForCallback(token)
     result = await harness.work_one(Task, handler, queue="q1")
-    assert isinstance(result.job, awa.Job)
-    return result.job
+    assert isinstance(result.job, JobRow) and result.job.snapshot is not None
+    return result.job.snapshot
 
 
 async def test_redispatch_after_resume_does_not_consume_an_attempt(
@@ -42,8 +42,8 @@ async def test_redispatch_after_resume_does_not_consume_an_attempt(
             await client.resume_external(parked.callback_id, "late")
         assert (await client.get_job(job.id)).attempt == 0
         done = await harness.work_one(Task, lambda j: None, queue="q1")
-        assert isinstance(done.job, awa.Job) and done.job.id == job.id
-        assert (done.job.state, done.job.attempt) == (awa.JobState.Completed, 1)
+        assert isinstance(done.job, JobRow) and done.job.id == job.id
+        assert (done.job.state, done.job.attempt) == ("completed", 1)
 
 
 async def test_retry_external_grants_one_more_attempt(client: awa.AsyncClient) -> None:
@@ -54,7 +54,7 @@ async def test_retry_external_grants_one_more_attempt(client: awa.AsyncClient) -
     assert parked.callback_id is not None
     assert (await client.retry_external(parked.callback_id)).attempt == 0
     done = await harness.work_one(Task, lambda j: None, queue="q1")
-    assert isinstance(done.job, awa.Job) and (done.job.attempt, done.job.max_attempts) == (1, 1)
+    assert isinstance(done.job, JobRow) and (done.job.attempt, done.job.max_attempts) == (1, 1)
 
 
 async def test_callback_timeout_with_its_unique_key_taken(client: awa.AsyncClient,

@@ -49,13 +49,13 @@ from tests.prop_support import rows as all_rows
 import awa
 from awa.completion import Completer
 from awa.context import AttemptDb, JobContext
-from awa.executor import JobExecutor, Outcome
+from awa.executor import JobExecutor
 from awa.finalize import Finalizer
 from awa.followups import EnqueueRequest
 from awa.maintenance.services import Promoter, Rescuer
-from awa.model import Job
+from awa.model import Job, Outcome
 from awa.tasks import Registry, make_spec
-from awa.testing import AwaTestClient
+from awa.testing import AwaTestClient, JobRow
 
 HOUR = timedelta(hours=1)
 BEHAVIORS = st.builds(
@@ -265,7 +265,7 @@ class JobMachine(RuleBasedStateMachine):
             return
         event(f"work: {behavior.outcome} -> {result.outcome}")
         job = self.model.jobs[candidates[0]["id"]]
-        assert isinstance(result.job, Job) and result.job.id == job.id
+        assert isinstance(result.job, JobRow) and result.job.id == job.id
         self.model.claim(job)
         self.model.finish(job, behavior, self.tokens[-1] if behavior.registers else None)
 
@@ -391,6 +391,7 @@ class JobMachine(RuleBasedStateMachine):
             n = self.run(self.client.drain_queue(queue))
             drained = [j for j in self.model.live() if j.queue == queue and j.table == "jobs"
                        and j.state in ("scheduled", "available", "retryable")]
+            drained += self.model.drainable_parked(queue)
             assert n == len(drained)
             for j in drained:
                 self.model.to_done(j, "cancelled")

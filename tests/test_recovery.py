@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from tests.helpers import FAST, spawn_worker, wait_until
+from tests.helpers import FAST, idle_task, spawn_worker, wait_until
 
 import awa
 from awa.completion import Completer
 from awa.db.queries import queries
-from awa.executor import Outcome
+from awa.model import Outcome
 
 
 @dataclass
@@ -119,6 +119,8 @@ async def test_deadline_rescue_flags_the_live_handler(client: awa.AsyncClient) -
 async def test_leader_fail_over(database_url: str) -> None:
     a = awa.AsyncClient(database_url)
     b = awa.AsyncClient(database_url)
+    idle_task(a, "x")
+    idle_task(b, "x")
     try:
         await a.start([("x", 1)], **FAST)
         assert a.runtime is not None
@@ -245,6 +247,7 @@ async def test_leader_vacuums_a_churned_jobs_table(client: awa.AsyncClient,
     await conn.execute("SELECT pg_stat_force_next_flush()")  # PostgreSQL 15+
     assert int(await conn.fetchval("SELECT n_dead_tup FROM pg_stat_user_tables "
                                    "WHERE relid = 'awa.jobs'::regclass")) >= 10_000
+    idle_task(client, "other")
     await client.start([("other", 1)], **FAST)
     assert client.runtime is not None
     vacuumer = client.runtime.service("vacuum")
@@ -267,6 +270,7 @@ async def test_cleanup_creates_only_the_partitions_finished_jobs_land_in(
     async def handle(job: awa.JobContext) -> None:
         await asyncio.sleep(job.args.seconds)
 
+    idle_task(client, "other")
     await client.start([("other", 1)], **FAST)
     assert client.runtime is not None
     await client.runtime.service("cleanup").run_once()
@@ -301,6 +305,7 @@ async def test_a_new_workers_first_completions_land_in_their_hours_partition(
 
     job = await client.insert(Sleepy(0), queue="other")
     # No periodic cleanup pass within the test: only the start-up one counts.
+    idle_task(client, "other")
     await client.start([("other", 1)], **{**FAST, "cleanup_interval_ms": 3_600_000})
 
     async def finished() -> bool:
@@ -343,6 +348,7 @@ async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
             "WHERE i.inhparent = 'awa.jobs_done'::regclass AND c.relname LIKE 'jobs_done_p2020%'")}
 
+    idle_task(client, "default")
     await client.start([("default", 1)], **FAST)
     assert client.runtime is not None
     cleanup = client.runtime.service("cleanup")

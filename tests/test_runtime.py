@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, idle_task, wait_until
 
 import awa
 from awa.completion import Completer
@@ -121,7 +121,7 @@ async def test_retry_backoff_bounds(client: awa.AsyncClient, conn: asyncpg.Conne
     retried = await wait_until(lambda: _state_is(client, job.id, awa.JobState.Retryable))
     await client.shutdown()
     failed_at = datetime.fromisoformat(retried.errors[0]["at"])
-    delay = (retried.run_at - failed_at).total_seconds()
+    delay = (retried.run_at_datetime - failed_at).total_seconds()
     assert 2.0 - 0.01 <= delay <= 2.5 + 0.01  # 2**1 * (1 + U(0, 0.25))
     delays = [await conn.fetchval("SELECT extract(epoch FROM awa.retry_delay($1))", n)
               for n in (3, 10, 40) for _ in range(20)]
@@ -318,6 +318,7 @@ async def test_contradictory_configs_raise(client: awa.AsyncClient, queues: list
 
 
 async def test_unknown_start_option_raises(client: awa.AsyncClient) -> None:
+    idle_task(client, "q")
     with pytest.raises(TypeError):
         await client.start([("q", 1)], no_such_option=1)
     await client.start([("q", 1)], claimers=2, storage_transition_role="auto")  # compat knobs
@@ -409,6 +410,7 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
     without JIT (a claim planned against a big backlog compiled for 0.7 s on
     PostgreSQL 15)."""
     await conn.execute("ANALYZE awa.jobs")  # statistics of an empty table, as after a drain
+    idle_task(client, "default")
     await client.start([("default", 32)], **FAST)
     runtime = client.runtime
     assert runtime is not None

@@ -9,7 +9,7 @@ import pytest
 
 import awa
 import awa.states
-from awa.testing import AwaTestClient, HandlerJob, NoJob
+from awa.testing import AwaTestClient, HandlerJob, JobRow, NoJob
 
 
 @dataclass
@@ -35,8 +35,10 @@ async def test_work_one_outcomes(awa_client: AwaTestClient) -> None:
     assert results[0].is_completed() and results[1].is_retryable() and results[2].is_snoozed()
     assert results[3].is_cancelled() and results[4].is_failed()
     assert results[4].error is not None and "TerminalError: nope" in results[4].error
-    assert isinstance(results[0].job, awa.Job) and results[0].job.state is awa.JobState.Completed
-    assert results[2].job.state is awa.JobState.Scheduled  # type: ignore[union-attr]
+    assert isinstance(results[0].job, JobRow) and results[0].job.state == "completed"
+    assert results[0].job.snapshot is not None
+    assert results[0].job.snapshot.state is awa.JobState.Completed
+    assert results[2].job.state == "scheduled"  # type: ignore[union-attr]
     empty = await awa_client.work_one(Resolve, handler)
     assert empty.is_no_job() and empty.job is NoJob and not empty.job
 

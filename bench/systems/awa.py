@@ -82,7 +82,7 @@ class System:
         try:
             from importlib.metadata import version
 
-            return version("awa-pg" if FLAVOR == "awa-pg" else "awa")
+            return version("awa-pg" if FLAVOR == "awa-pg" else "awa-queue")
         except Exception:
             return getattr(awa, "__version__", "?")
 

@@ -15,7 +15,12 @@ from awa.batch import (
 )
 from awa.client import AsyncClient
 from awa.context import CallbackWaitAborted, JobContext
-from awa.db.migrations import current_migration_version, migrations
+from awa.db.migrations import (
+    current_migration_version,
+    migrations,
+    migrations_range,
+    schema_patches,
+)
 from awa.dlq import DlqEntry
 from awa.errors import (
     AwaError,
@@ -23,9 +28,12 @@ from awa.errors import (
     CallbackNotFound,
     DatabaseError,
     JobNotFound,
+    LiveRuntimesRequireExclusiveWindow,
+    RuntimeVersionFloorNotMet,
     SchemaNotMigrated,
     SerializationError,
     StagingError,
+    StorageNotFinalized,
     TerminalError,
     UniqueConflict,
     UnknownJobKind,
@@ -53,6 +61,9 @@ from awa.telemetry import init_telemetry, shutdown_telemetry
 from awa.transaction import Transaction
 
 __version__ = "0.1.0"
+
+#: `awa-pg` exports its native client as ``RawClient``; here it is `AsyncClient`.
+RawClient = AsyncClient
 
 
 async def migrate(database_url: str | None = None, *, schema: str = "awa") -> list[int]:
@@ -84,18 +95,22 @@ __all__ = [
     "JobEvent",
     "JobNotFound",
     "JobState",
+    "LiveRuntimesRequireExclusiveWindow",
     "OutcomeContext",
     "Output",
     "PartitionedQueue",
     "QueueHealth",
     "QueueStat",
+    "RawClient",
     "ResolveResult",
     "RetryAfter",
     "RetryFailedResult",
+    "RuntimeVersionFloorNotMet",
     "SchemaNotMigrated",
     "SerializationError",
     "Snooze",
     "StagingError",
+    "StorageNotFinalized",
     "SyncTransaction",
     "TerminalError",
     "Transaction",
@@ -111,6 +126,8 @@ __all__ = [
     "max_payload_bytes",
     "migrate",
     "migrations",
+    "migrations_range",
+    "schema_patches",
     "set_max_payload_bytes",
     "shutdown_telemetry",
     "web",

@@ -128,7 +128,7 @@ async def resume_queue(db: Executor, q: Queries, queue: str) -> None:
 
 async def drain_queue(db: Executor, q: Queries, queue: str, *,
                       retention: timedelta = states.FAILED_RETENTION) -> int:
-    """Cancel every job of ``queue`` waiting to run; returns how many."""
+    """Cancel every job of ``queue`` waiting to run or on a callback; returns how many."""
     producer.check_name("queue", queue)
     with translated():
         status = await db.execute(q["queue_drain"], queue, retention)

@@ -289,7 +289,8 @@ async def get_operation(db: Executor, q: Queries, op_id: Any) -> BatchOperation:
 
 
 async def cancel_operation(db: Executor, q: Queries, op_id: Any) -> BatchOperation:
-    """Cancel a pending operation now, or ask a running one to stop between chunks."""
+    """Ask an operation to stop: ``cancelling`` until the leader's runner finalises it
+    (a running one after the chunk in flight, a pending one on its next pass)."""
     parsed = operation_id(op_id)
     with translated():
         row = await db.fetchrow(q["batch_cancel"], parsed, RETENTION)

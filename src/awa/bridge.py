@@ -192,7 +192,7 @@ def _wrong_type(func: str, accepted: str, conn: Any, family: str | None) -> Type
     if family is not None:
         hint = (" (use insert_job_sync for sync connections)" if func == "insert_job"
                 else " (use insert_job for async connections)")
-    return TypeError(f"{func}() needs {accepted}; got {name}{hint}")
+    return TypeError(f"Unsupported connection type {name}: {func}() needs {accepted}{hint}")
 
 
 async def _async_driver(conn: Any) -> _Driver[Awaitable[Row | None]]:
@@ -293,7 +293,9 @@ def _job_dict(row: dict[str, Any] | None) -> dict[str, Any]:
     if row is None:
         raise DatabaseError("the insert returned no row")
     job = Job.from_row(row)
-    out = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    # The row's own names and values: times as datetimes (``run_at``, not ``run_at_datetime``).
+    out = {f.name.removesuffix("_datetime"): getattr(job, f.name)
+           for f in dataclasses.fields(job)}
     out["state"] = str(job.state)
     out["traceparent"] = job.traceparent
     return out

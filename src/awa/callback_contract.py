@@ -17,6 +17,10 @@ import blake3
 from awa.errors import ValidationError
 
 SIGNATURE_HEADER = "X-Awa-Signature"
+#: Where `awa.web.callback_app` serves callbacks with its default ``prefix="/api"``.
+DEFAULT_PATH_PREFIX = "/api/callbacks"
+#: The timeout a ``heartbeat`` without ``timeout_seconds`` extends a callback by.
+DEFAULT_HEARTBEAT_TIMEOUT_SECS = 3600.0
 ACTIONS = ("complete", "fail", "resume", "heartbeat")
 
 
@@ -42,11 +46,11 @@ def verify(secret: bytes | str, callback_id: str, signature: str | None) -> bool
 
 
 def build_callback_url(base: str, prefix: str, callback_id: str, action: str) -> str:
-    """``{base}/{prefix}/callbacks/{id}/{action}``, e.g. prefix ``api``."""
+    """``{base}/{prefix}/{id}/{action}``; ``prefix`` is the full route prefix, by
+    default `DEFAULT_PATH_PREFIX` (slashes around it are normalised)."""
     if action not in ACTIONS:
         raise ValidationError("action", f"must be one of {', '.join(ACTIONS)}")
-    parts = [base.rstrip("/"), prefix.strip("/"), "callbacks", quote(str(callback_id), safe=""),
-             action]
+    parts = [base.rstrip("/"), prefix.strip("/"), quote(str(callback_id), safe=""), action]
     return "/".join(p for p in parts if p)
 
 

@@ -28,7 +28,7 @@ def _cel() -> Any:
         import cel
     except ImportError:
         raise ValidationError("callback rules", "CEL needs the 'cel' extra: "
-                              "pip install 'awa[cel]'") from None
+                              "pip install 'awa-queue[cel]'") from None
     return cel
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -21,7 +22,7 @@ from asyncpg.pool import PoolConnectionProxy
 from awa import producer, states, telemetry
 from awa.batch import BatchOps
 from awa.client_ops import AdminOps
-from awa.config import RuntimeConfig
+from awa.config import RuntimeConfig, check_start
 from awa.cron import CronSchedule
 from awa.db import migrations
 from awa.db.errors import translated
@@ -134,6 +135,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
                                     queue_slot_count: int = 16, lease_slot_count: int = 8,
                                     reset: bool = False) -> None:
         """Compatibility: ensure the schema exists; ``reset=True`` clears all job data."""
+        if self._runtime is not None:
+            raise ValidationError("install_queue_storage", "cannot install queue storage while "
+                                  "the worker runtime is running")
         await self.prepare_queue_storage_schema(schema=schema, queue_slot_count=queue_slot_count,
                                                 lease_slot_count=lease_slot_count)
         if reset:
@@ -239,7 +243,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
     def task(self, args_type: Any = None, *, kind: str | None = None,
              queue: str = states.DEFAULT_QUEUE,
              completion: str = "runtime") -> Callable[[Handler], Handler]:
-        """Register ``async def handler(job)`` (or a plain ``def``) for a kind.
+        """Register ``async def handler(job)`` (or a plain ``def``) for a kind: the args
+        type's, ``kind``, or a string in place of the type (args arrive as a dict).
         ``completion="caller"``: the handler writes in ``job.transaction`` and the
         job completes in that same transaction (see `awa.owned`)."""
         def register(handler: Handler) -> Handler:
@@ -317,11 +322,19 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
             priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
             missed_fire_policy=missed_fire_policy)
 
+    def worker(self, args_type: Any = None, *, kind: str | None = None,
+               queue: str = states.DEFAULT_QUEUE) -> Callable[[Handler], Handler]:
+        """Deprecated spelling of `task` (as in `awa-pg`)."""
+        warnings.warn("client.worker() is deprecated, use client.task() instead",
+                      DeprecationWarning, stacklevel=2)
+        return self.task(args_type, kind=kind, queue=queue)
+
     async def start(self, queues: Iterable[Any] | None = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (spec §3.2 options)."""
         if self._runtime is not None:
             raise RuntimeError("this client's worker is already running")
         config = RuntimeConfig.from_start_kwargs(queues, self._registry.queues(), **options)
+        check_start(config, self._registry, self._schedules, self._descriptors)
         pool = await self.pool()
         self._runtime = Runtime(pool, self._q, self._registry, config,
                                 await self.database_url(), self._followups)
@@ -340,6 +353,10 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
     def runtime(self) -> Runtime | None:
         """The running worker machinery, if `start` was called."""
         return self._runtime
+
+    async def flush_admin_metadata(self) -> None:
+        """Compatibility: `queue_stats` reads live counts here, so there is nothing to flush."""
+        await self.pool()
 
     async def health_check(self) -> HealthCheck:
         """Liveness of this process's worker and its database connection."""

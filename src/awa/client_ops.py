@@ -72,7 +72,7 @@ class AdminOps:
         await admin.resume_queue(await self.pool(), self._q, queue)
 
     async def drain_queue(self, queue: str) -> int:
-        """Cancel all jobs of ``queue`` that are waiting to run."""
+        """Cancel all jobs of ``queue`` waiting to run or waiting on a callback."""
         return await admin.drain_queue(await self.pool(), self._q, queue,
                                        retention=self.retention_cancelled)
 

@@ -26,8 +26,8 @@ from awa import telemetry
 from awa.db.errors import translated
 from awa.db.pool import Conn, HeldConnection
 from awa.db.queries import Queries
-from awa.executor import Outcome
 from awa.followups import insert_followups
+from awa.model import Outcome
 from awa.producer import PreparedJob
 
 log = logging.getLogger("awa.completion")

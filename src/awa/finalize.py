@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from awa.completion import Completer
 from awa.context import JobContext
-from awa.executor import Outcome, describe_error
+from awa.executor import describe_error
 from awa.followups import FollowUpRegistry, OutcomeContext, Trigger
-from awa.model import Job
+from awa.model import Job, Outcome
 from awa.producer import PreparedJob
 
 log = logging.getLogger("awa.runtime")

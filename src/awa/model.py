@@ -6,12 +6,17 @@ import base64
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from awa.states import JobState
 
 _STATE = {s.value: s for s in JobState}
 _from_epoch = datetime.fromtimestamp
+
+
+def rfc3339(value: datetime | None) -> str | None:
+    """``value`` in UTC as RFC 3339 text (``datetime.isoformat``), or None."""
+    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 @dataclass(slots=True)
@@ -21,6 +26,11 @@ class Job:
     A snapshot: changing a field changes nothing in the database. (Not a
     frozen dataclass: building a frozen one costs eight times as much, and a
     worker builds one per claimed job.)
+
+    ``run_at``, ``created_at``, ``deadline`` and ``finalized_at`` are RFC 3339
+    strings in UTC, as `awa-pg` returns them (``datetime.fromisoformat`` reads
+    them back); the same instants as aware datetimes are the ``*_datetime``
+    fields. The other times (``attempted_at``, ...) are datetimes.
     """
 
     id: int
@@ -31,13 +41,13 @@ class Job:
     attempt: int
     max_attempts: int
     args: dict[str, Any]
-    run_at: datetime
-    created_at: datetime
+    run_at_datetime: datetime
+    created_at_datetime: datetime
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)
-    deadline: datetime | None = None
-    finalized_at: datetime | None = None
+    deadline_datetime: datetime | None = None
+    finalized_at_datetime: datetime | None = None
     attempted_at: datetime | None = None
     heartbeat_at: datetime | None = None
     progress: dict[str, Any] | None = None
@@ -47,6 +57,26 @@ class Job:
     ordering_key: str | None = None
     callback_id: str | None = None
     callback_timeout_at: datetime | None = None
+
+    @property
+    def run_at(self) -> str:
+        """When the job is (or was) due to run, RFC 3339."""
+        return self.run_at_datetime.astimezone(UTC).isoformat()
+
+    @property
+    def created_at(self) -> str:
+        """When the job was inserted, RFC 3339."""
+        return self.created_at_datetime.astimezone(UTC).isoformat()
+
+    @property
+    def deadline(self) -> str | None:
+        """The running attempt's hard deadline, RFC 3339 (None when not running)."""
+        return rfc3339(self.deadline_datetime)
+
+    @property
+    def finalized_at(self) -> str | None:
+        """When the job reached a terminal state, RFC 3339 (None before)."""
+        return rfc3339(self.finalized_at_datetime)
 
     @property
     def traceparent(self) -> str | None:
@@ -62,9 +92,10 @@ class Job:
             id=row["id"], kind=row["kind"], queue=row["queue"],
             state=_STATE[row["state"]], priority=row["priority"],
             attempt=row["attempt"], max_attempts=row["max_attempts"],
-            args=row["args"], run_at=row["run_at"], created_at=row["created_at"],
-            tags=list(row["tags"]), metadata=row["metadata"], errors=row["errors"] or [],
-            deadline=row["deadline_at"], finalized_at=row["finalized_at"],
+            args=row["args"], run_at_datetime=row["run_at"],
+            created_at_datetime=row["created_at"], tags=list(row["tags"]),
+            metadata=row["metadata"], errors=row["errors"] or [],
+            deadline_datetime=row["deadline_at"], finalized_at_datetime=row["finalized_at"],
             attempted_at=row["attempted_at"], heartbeat_at=row["heartbeat_at"],
             progress=row["progress"], output=row["output"], run_lease=row["run_lease"],
             unique_key=row["unique_key"], ordering_key=row["ordering_key"],
@@ -96,13 +127,14 @@ class Job:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            name = f.name.removesuffix("_datetime")
             if isinstance(value, datetime):
                 value = value.isoformat()
             elif isinstance(value, JobState):
                 value = str(value)
             elif isinstance(value, bytes):
                 value = base64.b64encode(value).decode()
-            out[f.name] = value
+            out[name] = value
         out["traceparent"] = self.traceparent
         return out
 
@@ -199,3 +231,20 @@ class Output:
     """Return to complete and retain ``value`` on the job for inspection."""
 
     value: Any
+
+
+#: "lost": a caller-owned completion found its run lease stale; nothing to write.
+OutcomeKind = Literal["completed", "retry", "snooze", "cancel", "fail", "wait", "lost"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an attempt came to, ready to be written."""
+
+    kind: OutcomeKind
+    delay: float | None = None  #: seconds, for retry (None = backoff) and snooze
+    error: str | None = None  #: the errors-list message, for retry / fail / cancel
+    terminal: bool = False  #: a fail caused by TerminalError (not by running out of attempts)
+    output_json: str | None = None  #: retained output of a completed job
+    token: str | None = None  #: callback id, for wait
+    committed: bool = False  #: a caller-owned completion already committed it

@@ -16,6 +16,6 @@ class InsertOptions(TypedDict, total=False):
     max_attempts: int
     tags: Sequence[str] | None
     metadata: Mapping[str, Any] | None
-    run_at: datetime | None
+    run_at: datetime | str | None
     unique_opts: Mapping[str, Any] | None
-    ordering_key: str | None
+    ordering_key: str | bytes | None

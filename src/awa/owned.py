@@ -22,12 +22,11 @@ from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.errors import AwaError
 from awa.followups import insert_followups
-from awa.model import Job
+from awa.model import Job, Outcome
 from awa.transaction import Transaction
 
 if TYPE_CHECKING:
     from awa.context import JobContext
-    from awa.executor import Outcome
 
 
 class OwnedTransaction(Transaction):
@@ -54,8 +53,6 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
     committed), or the handler's other outcome (its writes rolled back).
     Exceptions from the handler propagate after the rollback.
     """
-    from awa.executor import Outcome
-
     db = ctx._db
     assert db is not None
     async with db.pool.acquire() as conn:

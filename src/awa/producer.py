@@ -29,7 +29,7 @@ from awa import states, telemetry
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
-from awa.errors import SerializationError, ValidationError
+from awa.errors import ArgsTypeError, SerializationError, ValidationError
 from awa.model import Job
 from awa.states import JobState
 
@@ -135,7 +135,7 @@ def dumps(value: Any, field: str, *, sized: bool = True) -> str:
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"{field}: {exc}") from exc
     if "\\u0000" in text and _contains_nul(value):
-        raise ValidationError(field, "must not contain NUL bytes")
+        raise ValidationError(field, "must not contain NUL characters (null bytes)")
     ascii_only = text.isascii()
     if not ascii_only:
         _check_encodable(field, text)
@@ -216,7 +216,7 @@ def args_to_dict(args: Any) -> tuple[str | None, dict[str, Any]]:
             raise SerializationError(f"args: {exc}") from exc
         model: type = type(args)
         return _kind_of(model), dumped
-    raise SerializationError(
+    raise ArgsTypeError(
         f"args: expected a dataclass, a pydantic model or a dict, got {type(args).__name__}")
 
 
@@ -225,7 +225,7 @@ def check_text(field: str, value: Any) -> str:
     if not isinstance(value, str):
         raise ValidationError(field, "must be a string")
     if "\x00" in value:
-        raise ValidationError(field, "must not contain NUL bytes")
+        raise ValidationError(field, "must not contain NUL characters (null bytes)")
     if not value.isascii():
         _check_encodable(field, value)
     return value
@@ -290,11 +290,14 @@ def as_utc(value: datetime) -> datetime:
 
 
 def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
-    """A time to run at, as aware UTC, within `states.RUN_AT_MIN`..`RUN_AT_MAX` (or None)."""
+    """A time to run at, as aware UTC, within `states.RUN_AT_MIN`..`RUN_AT_MAX` (or None).
+    Also an RFC 3339 string with a date, a time and an offset (as `awa-pg` takes)."""
     if run_at is None:
         return None
+    if isinstance(run_at, str):
+        run_at = _parse_rfc3339(run_at, field)
     if not isinstance(run_at, datetime):
-        raise ValidationError(field, "must be a datetime")
+        raise ValidationError(field, "must be a datetime or an RFC 3339 string")
     try:
         converted = as_utc(run_at)
     except (OverflowError, ValueError):  # beyond what Python can represent in UTC
@@ -306,6 +309,18 @@ def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
 
 
 _DAY = timedelta(days=1)
+
+
+def _parse_rfc3339(text: str, field: str) -> datetime:
+    """An RFC 3339 timestamp (``Z`` or ``±hh:mm``; a bare date or no offset is refused)."""
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None or "T" not in text.upper():
+        raise ValidationError(field, "must be a datetime or an RFC 3339 string with an offset, "
+                                     "e.g. 2030-01-02T03:04:05+00:00")
+    return parsed
 
 
 def parse_unique_opts(opts: Any) -> tuple[bool, bool, int | None, int] | None:
@@ -393,9 +408,10 @@ class _Options:
 def _options(kind: str | None = None, queue: str | None = None,
              priority: int = states.PRIORITY_DEFAULT,
              max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
-             metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+             metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
              unique_opts: Mapping[str, Any] | None = None,
-             ordering_key: str | None = None, router: Router | None = None) -> _Options:
+             ordering_key: str | bytes | None = None, router: Router | None = None
+             ) -> _Options:
     if kind is not None:
         check_name("kind", kind)
     if queue is not None:
@@ -404,6 +420,11 @@ def _options(kind: str | None = None, queue: str | None = None,
     check_int("max_attempts", max_attempts, states.MAX_ATTEMPTS_MIN, states.MAX_ATTEMPTS_MAX)
     if metadata is not None and not isinstance(metadata, Mapping):
         raise ValidationError("metadata", "must be a dict")
+    if isinstance(ordering_key, bytes | bytearray | memoryview):  # awa-pg's bytes keys
+        try:
+            ordering_key = bytes(ordering_key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError("ordering_key", "bytes must be UTF-8 text") from None
     if ordering_key is not None:
         check_name("ordering_key", ordering_key)
     metadata = telemetry.with_traceparent(metadata)  # once per call, not per job
@@ -435,9 +456,10 @@ def _with_args(o: _Options, args: Any) -> PreparedJob:
 def prepare(args: Any, *, kind: str | None = None, queue: str | None = None,
             priority: int = states.PRIORITY_DEFAULT,
             max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
-            metadata: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+            metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
             unique_opts: Mapping[str, Any] | None = None,
-            ordering_key: str | None = None, router: Router | None = None) -> PreparedJob:
+            ordering_key: str | bytes | None = None,
+            router: Router | None = None) -> PreparedJob:
     """Validate and serialize one job; raises before anything is written.
 
     With no ``queue``, the job goes to ``router(kind)`` (the queue its task is

@@ -34,7 +34,7 @@ from awa.db.pool import create_pool
 from awa.db.queries import Queries
 from awa.descriptors import Scope
 from awa.dispatcher import Dispatcher
-from awa.executor import JobExecutor, Outcome
+from awa.executor import JobExecutor
 from awa.finalize import Finalizer
 from awa.followups import FollowUpRegistry, OutcomeContext, insert_followups
 from awa.listener import Listener
@@ -46,11 +46,12 @@ from awa.maintenance.services import (
     Cleaner,
     Heartbeat,
     Promoter,
+    QueueGauges,
     Rescuer,
     UnservedQueueWarner,
     Vacuumer,
 )
-from awa.model import Job
+from awa.model import Job, Outcome
 from awa.overrides import OverrideWatcher
 from awa.presence import PRESENCE_INTERVAL, Presence
 from awa.tasks import Registry
@@ -177,7 +178,7 @@ class Runtime:
             BatchRunner(pool, q, c.batch_interval, is_leader, instance_id=self.instance_id,
                         chunk_size=c.batch_chunk_size),
             Presence(pool, q, PRESENCE_INTERVAL, self.instance_id, self._presence),
-            telemetry.QueueGauges(pool, q, is_leader),
+            QueueGauges(pool, q, is_leader),
             OverrideWatcher(pool, q, [qc.name for qc in c.queues], self._apply_override),
             UnservedQueueWarner(pool, q, UNSERVED_CHECK_INTERVAL, self._registry.kinds),
         ]
@@ -277,6 +278,9 @@ class Runtime:
                 task.cancel()
             await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         if self._job_tasks:
+            # Handlers that poll job.is_cancelled() may wind down within the timeout.
+            for attempt in list(self._attempts.values()):
+                attempt.ctx._cancel()
             _, pending = await asyncio.wait(set(self._job_tasks.values()), timeout=timeout)
             for task in pending:
                 task.cancel()
@@ -309,7 +313,7 @@ class Runtime:
     def _launch(self, job: Job) -> None:
         wait = None
         if job.attempted_at is not None:
-            wait = (job.attempted_at - job.run_at).total_seconds()
+            wait = (job.attempted_at - job.run_at_datetime).total_seconds()
             self.completer.observe_wait(job.queue, wait)
         telemetry.claimed(job, wait)
         self._job_tasks[(job.id, job.run_lease)] = asyncio.create_task(self._run(job))

@@ -150,6 +150,8 @@ class Client:
     resume_queue = _delegate(AsyncClient.resume_queue)
     drain_queue = _delegate(AsyncClient.drain_queue)
     queue_stats = _delegate(AsyncClient.queue_stats)
+    flush_admin_metadata = _delegate(AsyncClient.flush_admin_metadata)
+    health_check = _delegate(AsyncClient.health_check)
     install_queue_storage = _delegate(AsyncClient.install_queue_storage)
     complete_external = _delegate(AsyncClient.complete_external)
     fail_external = _delegate(AsyncClient.fail_external)

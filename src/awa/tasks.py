@@ -41,6 +41,10 @@ def make_spec(args_type: Any, handler: Handler, *, kind: str | None, queue: str,
     if completion == "caller" and not inspect.iscoroutinefunction(handler):
         raise ValidationError("completion", "'caller' needs an async def handler "
                               "(it runs in the handler's database transaction)")
+    if isinstance(args_type, str):  # @client.task("send_email"): the kind, args as a dict
+        if kind is not None and kind != args_type:
+            raise ValidationError("kind", f"given twice: {args_type!r} and {kind!r}")
+        kind, args_type = args_type, None
     if kind is None:
         if args_type is None or args_type is dict or not isinstance(args_type, type):
             raise ValidationError("kind", "required when the args type is not a class")

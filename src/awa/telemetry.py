@@ -17,27 +17,23 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from awa.maintenance.base import PeriodicService
-
 if TYPE_CHECKING:
     from contextvars import Token
 
-    import asyncpg
     from opentelemetry.context import Context
     from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
     from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from awa.db.queries import Queries
-    from awa.executor import Outcome
-    from awa.model import Job
+    from awa.model import Job, Outcome
 
 log = logging.getLogger("awa.telemetry")
 
@@ -50,7 +46,7 @@ SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
                    60.0, 120.0, 300.0, 900.0, 3600.0)
 OUTCOME_NAMES = {"completed": "completed", "retry": "retried", "snooze": "snoozed",
                  "cancel": "cancelled", "fail": "failed", "wait": "waiting_external"}
-_MISSING = ("awa.init_telemetry needs OpenTelemetry: pip install 'awa[telemetry]' "
+_MISSING = ("awa.init_telemetry needs OpenTelemetry: pip install 'awa-queue[telemetry]' "
             "(opentelemetry-api and opentelemetry-sdk)")
 
 
@@ -137,6 +133,7 @@ _metrics: _Metrics | None = None
 _tracer: Tracer | None = None
 _explicit = False  # init_telemetry chose the providers; detect() leaves them alone
 _owned: list[Any] = []  # providers init_telemetry built, shut down by shutdown_telemetry
+_applied: tuple[Any, ...] | None = None  # the settings init_telemetry last applied
 
 
 # -- hooks called by the pipeline (each a no-op while telemetry is off) -----------------
@@ -371,33 +368,22 @@ def _observe_lag(options: CallbackOptions) -> Iterable[Observation]:
     return [Observation(v, {"awa.job.queue": q}) for q, v in snap.lag.items()]
 
 
-class QueueGauges(PeriodicService):
-    """On the leader, refreshes the cached queue depth and lag that the gauges report.
+def metrics_on() -> bool:
+    """Whether metrics are being recorded (the queue gauges' query is skipped if not)."""
+    return _metrics is not None
 
-    One grouped count of the active table per interval, and only while metrics
-    are on; a process that stops leading stops reporting once its copy is stale.
-    """
 
-    name = "queue_gauges"
-
-    def __init__(self, pool: asyncpg.Pool, q: Queries, is_leader: Callable[[], bool],
-                 interval: timedelta = QUEUE_GAUGE_INTERVAL) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
-
-    async def run_once(self) -> None:
-        if _metrics is None:
-            return
-        rows = await self._pool.fetch(self._q["queue_depth_lag"])
-        # Pairs seen before and now empty report 0 instead of vanishing.
-        depth = dict.fromkeys(_queues.depth, 0)
-        lag = dict.fromkeys(_queues.lag, 0.0)
-        for r in rows:
-            depth[(r["queue"], r["state"])] = int(r["depth"])
-            lag.setdefault(r["queue"], 0.0)
-            if r["lag_seconds"] is not None:
-                lag[r["queue"]] = float(r["lag_seconds"])
-        _queues.depth, _queues.lag, _queues.at = depth, lag, time.monotonic()
+def record_queue_snapshot(rows: Iterable[Mapping[str, Any]]) -> None:
+    """Cache one ``queue_depth_lag`` result for the depth and lag gauges to report."""
+    # Pairs seen before and now empty report 0 instead of vanishing.
+    depth = dict.fromkeys(_queues.depth, 0)
+    lag = dict.fromkeys(_queues.lag, 0.0)
+    for r in rows:
+        depth[(r["queue"], r["state"])] = int(r["depth"])
+        lag.setdefault(r["queue"], 0.0)
+        if r["lag_seconds"] is not None:
+            lag[r["queue"]] = float(r["lag_seconds"])
+    _queues.depth, _queues.lag, _queues.at = depth, lag, time.monotonic()
 
 
 # -- setup ----------------------------------------------------------------------------
@@ -460,13 +446,14 @@ def _otlp_exporters(endpoint: str | None, protocol: str | None) -> tuple[Any, An
             trace_module.OTLPSpanExporter(**trace_kw))
 
 
-def init_telemetry(endpoint: str | None = None, service_name: str = "awa", *,
+def init_telemetry(endpoint: str | None = None, service_name: str = "awa",
+                   export_interval_ms: int | None = None, *,
                    meter_provider: MeterProvider | None = None,
                    tracer_provider: TracerProvider | None = None,
                    metric_readers: Sequence[MetricReader] = (),
                    span_exporters: Sequence[SpanExporter] = (),
                    protocol: str | None = None, console: bool = False,
-                   export_interval: float = 60.0, set_global: bool = True) -> None:
+                   export_interval: float = 60.0, set_global: bool = True) -> bool:
     """Turn on Awa's metrics and traces, with SDK providers built here unless given.
 
     Providers you pass are used as they are (not made global, not shut down
@@ -477,14 +464,28 @@ def init_telemetry(endpoint: str | None = None, service_name: str = "awa", *,
     ``opentelemetry-exporter-otlp``; the console when ``console``. A signal
     with nowhere to export gets no provider and stays off. Built providers
     become the global ones when ``set_global`` (if none was set before), so
-    the application's own spans share them.
+    the application's own spans share them. Without the OTLP exporter package
+    an endpoint only warns (RuntimeWarning) and exports nowhere.
+    ``export_interval_ms`` (`awa-pg`'s spelling) overrides ``export_interval``.
+
+    Returns False, changing nothing, when telemetry is already on with exactly
+    these settings (and no providers, readers or exporters passed); else True.
     Requires the ``telemetry`` extra; raises ImportError without it.
     """
-    global _explicit
+    global _explicit, _applied
     try:
         importlib.import_module("opentelemetry.metrics")
     except ImportError as exc:
         raise ImportError(_MISSING) from exc
+    if export_interval_ms is not None:
+        if isinstance(export_interval_ms, bool) or not isinstance(export_interval_ms, int) \
+                or export_interval_ms < 1:
+            raise ValueError("export_interval_ms must be a positive integer")
+        export_interval = export_interval_ms / 1000
+    plain = not (meter_provider or tracer_provider or metric_readers or span_exporters)
+    key = (endpoint, service_name, protocol, console, export_interval, set_global)
+    if plain and _explicit and _applied == key:
+        return False
     shutdown_telemetry()
     if meter_provider is None or tracer_provider is None:
         built_mp, built_tp = _build(endpoint, service_name, metric_readers, span_exporters,
@@ -503,7 +504,9 @@ def init_telemetry(endpoint: str | None = None, service_name: str = "awa", *,
         meter_provider = meter_provider or built_mp
         tracer_provider = tracer_provider or built_tp
     _explicit = True
+    _applied = key if plain else None
     _use(meter_provider, tracer_provider)
+    return True
 
 
 def _build(endpoint: str | None, service_name: str, metric_readers: Sequence[MetricReader],
@@ -523,10 +526,16 @@ def _build(endpoint: str | None, service_name: str, metric_readers: Sequence[Met
     readers: list[Any] = list(metric_readers)
     exporters: list[Any] = list(span_exporters)
     if endpoint is not None or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        metric_exporter, span_exporter = _otlp_exporters(endpoint, protocol)
-        readers.append(PeriodicExportingMetricReader(
-            metric_exporter, export_interval_millis=export_interval * 1000))
-        exporters.append(span_exporter)
+        try:
+            metric_exporter, span_exporter = _otlp_exporters(endpoint, protocol)
+        except ImportError as exc:
+            log.warning("%s; telemetry is not exported to OTLP", exc)
+            warnings.warn(f"{exc}; telemetry is not exported to OTLP", RuntimeWarning,
+                          stacklevel=3)
+        else:
+            readers.append(PeriodicExportingMetricReader(
+                metric_exporter, export_interval_millis=export_interval * 1000))
+            exporters.append(span_exporter)
     if console:
         readers.append(PeriodicExportingMetricReader(
             ConsoleMetricExporter(), export_interval_millis=export_interval * 1000))
@@ -544,8 +553,8 @@ def _build(endpoint: str | None, service_name: str, metric_readers: Sequence[Met
 
 def shutdown_telemetry() -> None:
     """Turn Awa's instrumentation off; flush and shut down providers `init_telemetry` built."""
-    global _metrics, _tracer, _explicit
-    _metrics, _tracer, _explicit = None, None, False
+    global _metrics, _tracer, _explicit, _applied
+    _metrics, _tracer, _explicit, _applied = None, None, False, None
     _queues.at, _queues.depth, _queues.lag = float("-inf"), {}, {}
     owned, _owned[:] = list(_owned), []
     for provider in owned:

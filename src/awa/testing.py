@@ -27,10 +27,10 @@ from awa.callback_rules import compile_rules
 from awa.client import AsyncClient
 from awa.completion import Completer
 from awa.context import AttemptDb
-from awa.executor import JobExecutor, Outcome
+from awa.executor import JobExecutor
 from awa.finalize import Finalizer
 from awa.followups import StagingBuffer
-from awa.model import CallbackToken, Job
+from awa.model import CallbackToken, Job, Outcome
 from awa.options import InsertOptions
 from awa.producer import PreparedJob
 from awa.tasks import Handler, Registry, make_spec
@@ -52,11 +52,35 @@ class _NoJob:
 NoJob = _NoJob()
 
 
+@dataclass(slots=True)
+class JobRow:
+    """The job as it stands after `work_one` ran it: ``state`` is the state's name
+    (``"completed"``, ...), as in `awa-pg`; ``snapshot`` is the full `Job`."""
+
+    id: int
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    priority: int
+    tags: list[str]
+    state: str | None = None
+    snapshot: Job | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobRow:
+        """The row view of ``job``."""
+        return cls(id=job.id, kind=job.kind, queue=job.queue, args=job.args,
+                   attempt=job.attempt, max_attempts=job.max_attempts, priority=job.priority,
+                   tags=list(job.tags), state=str(job.state), snapshot=job)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkResult:
     """What `AwaTestClient.work_one` did."""
 
-    job: Job | _NoJob
+    job: JobRow | _NoJob
     outcome: str
     error: str | None = None
 
@@ -154,7 +178,10 @@ class AwaTestClient:
         if done.written and done.trigger is not None:
             self.client._followups.emit(done.trigger, job, done.outcome.error)
         after = await self.client.get_job(job.id)
-        return WorkResult(after, OUTCOME_NAMES[done.outcome.kind], done.outcome.error)
+        error = done.outcome.error
+        if done.outcome.kind == "cancel" and error is not None:
+            error = error.removeprefix("cancelled: ")  # the handler's reason, as awa-pg
+        return WorkResult(JobRow.from_job(after), OUTCOME_NAMES[done.outcome.kind], error)
 
 
 @dataclass
@@ -200,6 +227,9 @@ class HandlerJob:
         self.progress = {**current, "metadata": {**current["metadata"], **values}}
 
     async def flush_progress(self) -> None:
+        return None
+
+    def flush_progress_sync(self) -> None:
         return None
 
     async def register_callback(self, timeout_seconds: float = 3600, *,

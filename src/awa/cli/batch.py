@@ -18,7 +18,6 @@ from awa.batch import (
     BatchOperationPreview,
     BatchOperationState,
 )
-from awa.cli import main
 from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
@@ -31,6 +30,7 @@ from awa.cli.output import (
     run_with_client,
     say,
 )
+from awa.cli.root import main
 
 OP_COLUMNS = ("id", "state", "change", "progress", "skipped", "errored", "submitted_at")
 FILTER_HELP = "--queue, --kind, --tag, --id, --state, --created-after or --created-before"

@@ -10,7 +10,6 @@ import click
 
 import awa
 from awa import bulk
-from awa.cli import main
 from awa.cli.output import (
     JOB_COLUMNS,
     TOO_DEEP,
@@ -23,6 +22,7 @@ from awa.cli.output import (
     run_with_client,
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
+from awa.cli.root import main
 
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 
@@ -107,6 +107,8 @@ def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json:
 def job_retry_failed(obj: dict[str, Any], kind: str | None, queue: str | None,
                      chunk_size: int, yes: bool, as_json: bool) -> None:
     """Retry every failed job of one kind or one queue, a chunk per transaction."""
+    if (kind is None) == (queue is None):
+        fail("specify exactly one of --kind or --queue")
     action = checked_action(lambda: bulk.retry_failed(kind=kind, queue=queue))
     what = f"kind {kind}" if kind else f"queue {queue}"
     run_bulk(obj, action, verb="retried", doing="retrying",

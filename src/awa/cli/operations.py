@@ -12,7 +12,6 @@ import click
 
 import awa
 from awa import admin, bulk
-from awa.cli import main
 from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
@@ -26,6 +25,7 @@ from awa.cli.output import (
     say,
 )
 from awa.cli.progress import checked_action, chunk_option, run_bulk
+from awa.cli.root import main
 from awa.errors import SchemaNotMigrated
 from awa.web.health import parse_addr
 
@@ -172,6 +172,10 @@ def dlq_retry_bulk(obj: dict[str, Any], kind: str | None, queue: str | None, tag
              as_json=as_json)
 
 
+#: awa-pg's name for ``retry-bulk``.
+dlq.add_command(dlq_retry_bulk, name="retry-all")
+
+
 def _need_filter(command: str, allow_all: bool, *filters: str | None) -> None:
     if not allow_all and all(f is None for f in filters):
         fail(f"{command} needs --kind, --queue or --tag (or --all for every job)")
@@ -213,6 +217,18 @@ def dlq_purge(obj: dict[str, Any], kind: str | None, queue: str | None, tag: str
     run_bulk(obj, action, verb="purged", doing="purging",
              prompt="Delete {n} dead-lettered jobs for good?", yes=yes,
              chunk_size=chunk_size, as_json=as_json)
+
+
+@main.group()
+def storage() -> None:
+    """Storage status (one storage design here; awa-pg's transitions do not apply)."""
+
+
+@storage.command("status")
+@click.pass_obj
+def storage_status(obj: dict[str, Any]) -> None:
+    """The schema's storage as JSON: version, active jobs, finished partitions."""
+    click.echo(run_with_client(obj, lambda c: c.storage_status()))
 
 
 @main.group()

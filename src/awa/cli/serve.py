@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from awa.cli import main
 from awa.cli.output import fail, first_line, say
+from awa.cli.root import main
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -46,10 +46,11 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
         import uvicorn
 
         from awa.web.ui import ui_app
-        from awa.web.ui.app import LOOPBACK_HOSTS
+        from awa.web.ui.guard import LOOPBACK_HOSTS
     except ImportError:
-        raise click.ClickException("the web UI needs the 'ui' extra: "
-                                   "pip install 'awa-queue[ui]'") from None
+        raise click.ClickException("the web UI needs the 'ui' extra: pip install "
+                                   "'awa-queue[ui]' (Awa serves its own dashboard; awa-pg's "
+                                   "awa-cli binary is not used)") from None
     try:
         sock = bind(host, port)
     except OSError as exc:  # in use, not an address of this machine, not allowed

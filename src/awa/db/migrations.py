@@ -37,6 +37,16 @@ def migrations() -> list[tuple[int, str, str]]:
     return found
 
 
+def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
+    """The migrations with ``from_version < version <= to_version``, in order."""
+    return [m for m in migrations() if from_version < m[0] <= to_version]
+
+
+def schema_patches() -> list[tuple[str, str, str]]:
+    """Versionless, idempotent patches ``(name, description, sql)``: Awa ships none."""
+    return []
+
+
 def current_migration_version() -> int:
     """The schema version this code expects (the newest shipped migration)."""
     return migrations()[-1][0]

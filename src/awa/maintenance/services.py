@@ -243,3 +243,22 @@ class UnservedQueueWarner(PeriodicService):
             log.warning("jobs of kind %r wait in queue %r, which no running worker serves "
                         "(this worker handles %r: serve that queue, or insert with queue=...)",
                         r["kind"], r["queue"], r["kind"])
+
+
+class QueueGauges(PeriodicService):
+    """On the leader, refreshes the cached queue depth and lag that the gauges report.
+
+    One grouped count of the active table per interval, and only while metrics
+    are on; a process that stops leading stops reporting once its copy is stale.
+    """
+
+    name = "queue_gauges"
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, is_leader: Callable[[], bool],
+                 interval: timedelta = telemetry.QUEUE_GAUGE_INTERVAL) -> None:
+        super().__init__(interval, is_leader)
+        self._pool, self._q = pool, q
+
+    async def run_once(self) -> None:
+        if telemetry.metrics_on():
+            telemetry.record_queue_snapshot(await self._pool.fetch(self._q["queue_depth_lag"]))

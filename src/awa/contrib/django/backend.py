@@ -233,9 +233,9 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
         errors = task_errors(job.errors, job.progress)
         args = job.args if isinstance(job.args, dict) else {}
         result = self._result(
-            task, job.id, status, args, enqueued_at=job.created_at,
+            task, job.id, status, args, enqueued_at=job.created_at_datetime,
             started_at=job.attempted_at, last_attempted_at=job.attempted_at,
-            finished_at=job.finalized_at if job.state in states.TERMINAL else None,
+            finished_at=job.finalized_at_datetime if job.state in states.TERMINAL else None,
             errors=errors, worker_ids=worker_ids(job.attempt))
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", job.output)

@@ -96,7 +96,7 @@ class _Attempt:
         self.result = backend._result(
             self.task, ctx.id, TaskResultStatus.RUNNING, {"args": self.args,
                                                           "kwargs": self.kwargs},
-            enqueued_at=ctx.created_at, started_at=now, last_attempted_at=now,
+            enqueued_at=ctx.created_at_datetime, started_at=now, last_attempted_at=now,
             errors=task_errors(ctx.errors, ctx.progress),
             worker_ids=worker_ids(ctx.attempt, worker_id))
 

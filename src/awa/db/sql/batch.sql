@@ -25,15 +25,13 @@ WHERE ($1::text IS NULL OR state = $1)
 ORDER BY submitted_at DESC, id DESC LIMIT $2
 
 -- name: batch_cancel
--- A pending operation is cancelled at once (no runner has it yet); a scanning
--- or running one is asked to stop, which its runner does after the step in
--- flight.
+-- Ask the operation to stop: it is 'cancelling' until the leader's runner
+-- finalises it as 'cancelled' (after the step in flight, if any; a pending one
+-- on its next pass), the one state machine awa-pg reports too. $2 (retention)
+-- is applied by that finish.
 UPDATE awa.batch_operations
-SET state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE 'cancelling' END,
-    finalized_at = CASE WHEN state = 'pending' THEN now() END,
-    retention_until = CASE WHEN state = 'pending' THEN now() + $2::interval END,
-    updated_at = now()
-WHERE id = $1 AND state IN ('pending', 'scanning', 'running')
+SET state = 'cancelling', updated_at = now()
+WHERE id = $1 AND state IN ('pending', 'scanning', 'running') AND $2::interval IS NOT NULL
 RETURNING *
 
 -- name: batch_purge

@@ -2,10 +2,12 @@
 
 -- name: cron_upsert
 -- Additive: declaring a schedule never removes another deployment's. A new
--- schedule starts from now (no back-fill); a changed one keeps its last fire.
+-- schedule has no last fire: the leader fires its latest fire time if it was at
+-- most a minute ago (see CronService), then goes on from there; a changed one
+-- keeps its last fire.
 INSERT INTO awa.cron_jobs (name, cron_expr, timezone, kind, queue, args, priority, max_attempts,
                            tags, metadata, missed_fire_policy, last_fire_at)
-VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10::text::jsonb, $11, now())
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10::text::jsonb, $11, NULL)
 ON CONFLICT (name) DO UPDATE
 SET cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind,
     queue = EXCLUDED.queue, args = EXCLUDED.args, priority = EXCLUDED.priority,

@@ -28,10 +28,24 @@ SELECT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1)
 UPDATE awa.queues SET paused = false, paused_by = NULL, paused_at = NULL WHERE queue = $1
 
 -- name: queue_drain
--- Cancel every job of the queue that is waiting to run.
-WITH moved AS (
+-- Cancel every job of the queue that is waiting: to run, or on a callback. A
+-- parked job whose unique states exclude waiting_external released its key, and
+-- another job may hold it now: it stays parked (its callback timeout still ends
+-- it) when cancelling it would take that key; of two sharing a key, the first goes.
+WITH parked AS (
+    SELECT j.id,
+           j.unique_key IS NULL
+           OR (j.unique_states & awa.state_bit('cancelled')) = 0
+           OR (NOT EXISTS (SELECT 1 FROM awa.unique_claims c
+                           WHERE c.unique_key = j.unique_key AND c.job_id <> j.id)
+               AND row_number() OVER (PARTITION BY j.unique_key ORDER BY j.id) = 1) AS free
+    FROM awa.jobs j
+    WHERE j.queue = $1 AND j.state = 'waiting_external'
+), moved AS (
     DELETE FROM awa.jobs j
-    WHERE j.queue = $1 AND j.state IN ('scheduled', 'available', 'retryable')
+    WHERE j.queue = $1
+      AND (j.state IN ('scheduled', 'available', 'retryable')
+           OR j.id IN (SELECT id FROM parked WHERE free))
     RETURNING j
 )
 INSERT INTO awa.jobs_done

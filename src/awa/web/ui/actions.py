@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+import awa.web.ui.data as data
 from awa import batch
 from awa.errors import JobNotFound, ValidationError
-from awa.web.ui import data
 
 if TYPE_CHECKING:
-    from awa.web.ui.app import UiState
+    from awa.web.ui.state import UiState
 
 Handler = Callable[[Request], Awaitable[Response]]
 

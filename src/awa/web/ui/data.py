@@ -79,8 +79,8 @@ def _preview(job: Job) -> dict[str, Any]:
     return {"id": job.id, "kind": job.kind, "queue": job.queue, "state": str(job.state),
             "priority": job.priority, "attempt": job.attempt,
             "max_attempts": job.max_attempts, "tags": job.tags,
-            "run_at": _iso(job.run_at), "created_at": _iso(job.created_at),
-            "finalized_at": _iso(job.finalized_at),
+            "run_at": _iso(job.run_at_datetime), "created_at": _iso(job.created_at_datetime),
+            "finalized_at": _iso(job.finalized_at_datetime),
             "args_preview": args if len(args) <= PREVIEW_CHARS else args[:PREVIEW_CHARS] + "…"}
 
 
@@ -119,7 +119,7 @@ async def jobs_page(conn: Conn, q: Queries, *, state: str | None = None,
 
 def timeline(job: Job) -> list[dict[str, Any]]:
     """The job's life as events: created, each attempt's error, parked, finished."""
-    events: list[dict[str, Any]] = [{"at": _iso(job.created_at), "event": "created",
+    events: list[dict[str, Any]] = [{"at": _iso(job.created_at_datetime), "event": "created",
                                      "detail": f"queue {job.queue}, priority {job.priority}"}]
     for err in job.errors:
         events.append({"at": err.get("at"), "event": f"attempt {err.get('attempt', '?')} error",
@@ -130,8 +130,9 @@ def timeline(job: Job) -> list[dict[str, Any]]:
     if job.state is JobState.WaitingExternal:
         events.append({"at": _iso(job.attempted_at), "event": "waiting for callback",
                        "detail": callback_label(job)})
-    if job.finalized_at is not None:
-        events.append({"at": _iso(job.finalized_at), "event": str(job.state), "detail": ""})
+    if job.finalized_at_datetime is not None:
+        events.append({"at": _iso(job.finalized_at_datetime), "event": str(job.state),
+                       "detail": ""})
     return sorted(events, key=lambda e: e["at"] or "")
 
 
