@@ -113,3 +113,11 @@ async def test_bad_bodies_never_get_a_500(client: awa.AsyncClient) -> None:
     for error in ("5", "null", '{"a": 1}'):
         status, _ = await _post(app, f"/api/callbacks/{cid}/fail", f'{{"error": {error}}}'.encode())
         assert status == 400
+
+
+async def test_an_unreachable_database_is_503() -> None:
+    down = awa.AsyncClient("postgresql://postgres@127.0.0.1:1/none")  # connects lazily
+    app = awa.web.callback_app(down)
+    status, answer = await _post(app, f"/api/callbacks/{uuid.uuid4()}/complete", b"{}")
+    await down.close()
+    assert status == 503 and answer == {"error": "database unavailable"}

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from awa import callback_contract
-from awa.errors import CallbackNotFound, SerializationError, ValidationError
+from awa.errors import CallbackNotFound, DatabaseError, SerializationError, ValidationError
 
 if TYPE_CHECKING:
     from awa.client import AsyncClient
@@ -120,6 +120,9 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
             return
         except (ValidationError, SerializationError, TypeError, ValueError) as exc:
             await _respond(send, 400, {"error": str(exc)})
+            return
+        except DatabaseError:  # never a traceback, never the driver's text
+            await _respond(send, 503, {"error": "database unavailable"})
             return
         await _respond(send, 200, {"id": job.id, "state": str(job.state)})
 
