@@ -13,9 +13,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-import uvicorn
 from tests.helpers import ROOT, wait_until
-from tests.ui_helpers import call
+from tests.ui_helpers import call, serving
 
 pytest.importorskip("fastapi")
 
@@ -29,28 +28,11 @@ def _load_example(name: str) -> Any:
     return module
 
 
-@asynccontextmanager
-async def _serve(app: Any) -> AsyncIterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on"))
-    task = asyncio.create_task(server.serve())
-
-    async def started() -> bool:
-        return server.started
-    await wait_until(started, timeout=15, message="uvicorn to start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
 async def test_fastapi_example(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DATABASE_URL", database_url)
     example = _load_example("fastapi_app_under_test")
     try:
-        async with _serve(example.app) as base:
+        async with serving(example.app, lifespan=True) as base:
             status, body = await call(f"{base}/signup?email=a@example.com", {})
             assert status == 200, body
             assert body["queue"] == "email"
@@ -104,7 +86,7 @@ async def test_lifespan_composes_with_the_apps_own(database_url: str) -> None:
 
     client = awa.AsyncClient(database_url)
     app = Starlette(routes=[Route("/count", count)], lifespan=awa_lifespan(client, then=mine))
-    async with _serve(app) as base:
+    async with serving(app, lifespan=True) as base:
         status, body = await call(f"{base}/count")
         assert status == 200 and body == {"queues": 0}
         assert client.runtime is None  # worker=False: enqueue-only

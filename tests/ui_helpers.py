@@ -19,10 +19,13 @@ import awa
 
 
 @asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """Run ``app`` with uvicorn on a free local port; yields its base URL."""
+async def serving(app: Any, *, lifespan: bool = False) -> AsyncIterator[str]:
+    """Run ``app`` with uvicorn on a free local port; yields its base URL.
+
+    With ``lifespan``, the app's own startup and shutdown run (an app whose
+    lifespan starts a client or a worker)."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="off"))
+                                           lifespan="on" if lifespan else "off"))
     task = asyncio.create_task(server.serve())
     await wait_until(lambda: _started(server), timeout=10, message="uvicorn to start")
     port = server.servers[0].sockets[0].getsockname()[1]
