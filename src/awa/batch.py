@@ -130,10 +130,7 @@ def _time(field: str, value: Any) -> datetime:
             raise ValidationError(field, "must be an ISO-8601 time") from None
     if not isinstance(value, datetime):
         raise ValidationError(field, "must be a datetime or an ISO-8601 string")
-    try:
-        return producer.as_utc(value)
-    except (OverflowError, ValueError):
-        raise ValidationError(field, "is out of range") from None
+    return producer.as_utc(value, field)
 
 
 def _ids(value: Any) -> list[int]:

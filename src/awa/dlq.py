@@ -67,10 +67,7 @@ def _opt_time(field: str, value: datetime | None) -> datetime | None:
         return None
     if not isinstance(value, datetime):
         raise ValidationError(field, "must be a datetime")
-    try:
-        return producer.as_utc(value)
-    except (OverflowError, ValueError):
-        raise ValidationError(field, "is out of range") from None
+    return producer.as_utc(value, field)
 
 
 async def list_dlq(db: Executor, q: Queries, *, kind: str | None = None,

@@ -17,7 +17,7 @@ import os
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from pathlib import PurePath
 from typing import Any
@@ -283,9 +283,13 @@ def _check_tags(tags: Any) -> list[str]:
     return list(tags)
 
 
-def as_utc(value: datetime) -> datetime:
-    """``value`` in UTC; a naive datetime is local time, as `datetime.timestamp` reads it."""
-    converted: datetime = value.astimezone(UTC)
+def as_utc(value: datetime, field: str) -> datetime:
+    """``value`` in UTC; a naive datetime is local time, as `datetime.timestamp` reads it.
+    A time that UTC cannot hold (year 1 east of Greenwich, say) is a `ValidationError`."""
+    try:
+        converted: datetime = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise ValidationError(field, "is out of range") from None
     return converted
 
 
@@ -298,17 +302,15 @@ def check_run_at(run_at: Any, field: str = "run_at") -> datetime | None:
         run_at = _parse_rfc3339(run_at, field)
     if not isinstance(run_at, datetime):
         raise ValidationError(field, "must be a datetime or an RFC 3339 string")
+    out_of_range = ValidationError(field, f"must be between {states.RUN_AT_MIN.date().isoformat()}"
+                                          f" and {states.RUN_AT_MAX.date().isoformat()} (UTC)")
     try:
-        converted = as_utc(run_at)
-    except (OverflowError, ValueError):  # beyond what Python can represent in UTC
-        converted = states.RUN_AT_MIN - _DAY if run_at.year == 1 else states.RUN_AT_MAX + _DAY
+        converted = as_utc(run_at, field)
+    except ValidationError:  # beyond what Python can represent in UTC
+        raise out_of_range from None
     if not states.RUN_AT_MIN <= converted <= states.RUN_AT_MAX:
-        raise ValidationError(field, f"must be between {states.RUN_AT_MIN.date().isoformat()} "
-                                        f"and {states.RUN_AT_MAX.date().isoformat()} (UTC)")
+        raise out_of_range
     return converted
-
-
-_DAY = timedelta(days=1)
 
 
 def _parse_rfc3339(text: str, field: str) -> datetime:
