@@ -80,6 +80,11 @@ class QueueHealth:
     claim_failures: int = 0
     last_claim_error: str | None = None
 
+    @property
+    def claims_failing(self) -> bool:
+        """Its claims failed often enough in a row to make the worker unhealthy."""
+        return self.claim_failures >= states.CLAIM_FAILURES_UNHEALTHY
+
 
 @dataclass(frozen=True, slots=True)
 class HealthCheck:
@@ -461,13 +466,12 @@ class Runtime:
         fields = {"postgres_connected": health.postgres_connected,
                   "schema_compatible": schema_ok, "poll_loop_alive": health.poll_loop_alive,
                   "heartbeat_alive": health.heartbeat_alive,
-                  "claims_ok": all(h.claim_failures < states.CLAIM_FAILURES_UNHEALTHY
-                                   for h in health.queues.values()),
+                  "claims_ok": not any(h.claims_failing for h in health.queues.values()),
                   "shutting_down": health.shutting_down}
         ok = all(v for k, v in fields.items() if k != "shutting_down") \
             and not health.shutting_down
         failing = {name: h.last_claim_error for name, h in health.queues.items()
-                   if h.claim_failures >= states.CLAIM_FAILURES_UNHEALTHY}
+                   if h.claims_failing}
         return ok, {"ready": ok, **fields, **({"failing_queues": failing} if failing else {})}
 
     def metrics_text(self) -> str:
@@ -541,8 +545,7 @@ class Runtime:
                 weight=qc.weight, claim_failures=self.dispatchers[qc.name].claim_failures,
                 last_claim_error=self.dispatchers[qc.name].last_claim_error)
             for qc in self.config.queues}
-        claiming = all(h.claim_failures < states.CLAIM_FAILURES_UNHEALTHY
-                       for h in queues.values())
+        claiming = not any(h.claims_failing for h in queues.values())
         return HealthCheck(
             healthy=connected and poll_alive and hb_alive and claiming
             and not self.shutting_down,
