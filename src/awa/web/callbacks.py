@@ -17,42 +17,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from awa import callback_contract
 from awa.errors import CallbackNotFound, DatabaseError, SerializationError, ValidationError
+from awa.web.asgi import ASGIApp, Receive, Scope, Send, read_body, send_json
 
 if TYPE_CHECKING:
     from awa.client import AsyncClient
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_BODY = 1024 * 1024
-
-
-async def _respond(send: Send, status: int, body: dict[str, Any]) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
@@ -75,15 +49,15 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
             return
         match = route.match(scope["path"])
         if match is None:
-            await _respond(send, 404, {"error": "not found"})
+            await send_json(send, 404, {"error": "not found"})
             return
         if scope["method"] != "POST":
-            await _respond(send, 405, {"error": "use POST"})
+            await send_json(send, 405, {"error": "use POST"})
             return
         callback_id, action = match["id"], match["action"]
-        raw = await _read_body(receive)
+        raw = await read_body(receive, MAX_BODY)
         if raw is None:
-            await _respond(send, 413, {"error": "body too large"})
+            await send_json(send, 413, {"error": "body too large"})
             return
         if secret is not None:
             headers = {k.decode("latin-1"): v.decode("latin-1")  # HTTP header bytes
@@ -92,39 +66,39 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
                 secret, action, callback_id, raw, headers, max_ttl=max_signature_ttl,
                 accept_legacy=accept_legacy_signatures)
             if refused is not None:
-                await _respond(send, 401, {"error": f"signature refused: {refused}"})
+                await send_json(send, 401, {"error": f"signature refused: {refused}"})
                 return
         try:
             body = json.loads(raw) if raw.strip() else {}
         except RecursionError:
-            await _respond(send, 400, {"error": "body is nested too deeply"})
+            await send_json(send, 400, {"error": "body is nested too deeply"})
             return
         except ValueError:
-            await _respond(send, 400, {"error": "body is not JSON"})
+            await send_json(send, 400, {"error": "body is not JSON"})
             return
         if not isinstance(body, dict):
-            await _respond(send, 400, {"error": "body must be a JSON object"})
+            await send_json(send, 400, {"error": "body must be a JSON object"})
             return
         try:
             if action == "resolve":
                 result = await client.resolve_callback(
                     callback_id, body.get("payload"), body.get("default_action", "ignore"))
-                await _respond(send, 200, {
+                await send_json(send, 200, {
                     "outcome": result.outcome, "reason": result.reason,
                     "id": result.job.id if result.job else None,
                     "state": str(result.job.state) if result.job else None})
                 return
             job = await _dispatch(client, action, callback_id, body)
         except CallbackNotFound as exc:
-            await _respond(send, 404, {"error": str(exc)})
+            await send_json(send, 404, {"error": str(exc)})
             return
         except (ValidationError, SerializationError, TypeError, ValueError) as exc:
-            await _respond(send, 400, {"error": str(exc)})
+            await send_json(send, 400, {"error": str(exc)})
             return
         except DatabaseError:  # never a traceback, never the driver's text
-            await _respond(send, 503, {"error": "database unavailable"})
+            await send_json(send, 503, {"error": "database unavailable"})
             return
-        await _respond(send, 200, {"id": job.id, "state": str(job.state)})
+        await send_json(send, 200, {"id": job.id, "state": str(job.state)})
 
     return app
 

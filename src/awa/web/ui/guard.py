@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
+
+from awa.web.asgi import read_body, send_json
 
 #: Request bodies the UI reads, at most (its own POSTs are a few hundred bytes).
 MAX_BODY_BYTES = 1024 * 1024
@@ -29,28 +30,20 @@ class RequestGuard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         if self.allowed is not None and _host_name(headers.get("host", "")) not in self.allowed:
-            await _plain_error(send, 400, "this host name is not allowed (allowed_hosts / "
-                                          "awa serve --allowed-host)")
+            await send_json(send, 400, {"error": "this host name is not allowed "
+                                                 "(allowed_hosts / awa serve --allowed-host)"})
             return
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
-            await _plain_error(send, 413, f"request body over {self.max_body} bytes")
+            await send_json(send, 413, {"error": f"request body over {self.max_body} bytes"})
             return
-        chunks: list[bytes] = []
-        size = 0
-        more = scope["method"] not in ("GET", "HEAD")
-        while more:  # the UI's bodies are small: read them whole, up to the cap
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:
-                await _plain_error(send, 413, f"request body over {self.max_body} bytes")
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body, sent = b"".join(chunks), False
+        body: bytes | None = b""
+        if scope["method"] not in ("GET", "HEAD"):  # the UI's bodies are small: read whole
+            body = await read_body(receive, self.max_body)
+        if body is None:
+            await send_json(send, 413, {"error": f"request body over {self.max_body} bytes"})
+            return
+        sent = False
 
         async def replay() -> Any:
             nonlocal sent
@@ -67,11 +60,3 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[1:host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-async def _plain_error(send: Any, status: int, message: str) -> None:
-    data = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
