@@ -64,7 +64,7 @@ FROM awa.jobs
 
 
 def promote_settings(drv) -> dict:
-    code = ("import json; from awa.config import RuntimeConfig as C; "
+    code = ("import json; from awa.worker.config import RuntimeConfig as C; "
             "from awa.maintenance import services as s; c = C(); "
             "print(json.dumps({'promote_interval_ms': c.promote_interval.total_seconds() * 1000,"
             " 'promote_batch': getattr(s, 'PROMOTE_BATCH', None),"

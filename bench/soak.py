@@ -97,7 +97,7 @@ async def role_worker(a) -> None:
     gc.callbacks.append(on_gc)
 
     # Claim round trips per window (slow claims show as fewer, slower ones).
-    from awa import telemetry as awa_telemetry
+    from awa.telemetry import otel as awa_telemetry
     diag = {"claims": 0, "claim_max": 0.0}
     real_claim_round = awa_telemetry.claim_round
 
@@ -110,7 +110,7 @@ async def role_worker(a) -> None:
 
     # Completion batches per window, and the slowest: claims wait while completions
     # are not written as fast as jobs finish, so a slow batch stops pickup too.
-    from awa import completion as awa_completion
+    from awa.worker import completion as awa_completion
     real_flush = awa_completion.Completer._flush
 
     async def timed_flush(self, batch):

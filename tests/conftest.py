@@ -37,7 +37,7 @@ def server_url() -> str:
     """A URL of the server's maintenance database."""
     url = os.environ.get("DATABASE_URL")
     if not url:
-        from awa.embedded import embedded_database_url
+        from awa.db.embedded import embedded_database_url
 
         url = embedded_database_url()
     return url

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 from tests.prop_support import STATE_BITS
 
 import awa
-from awa import producer
-from awa.dlq import DlqEntry
-from awa.model import Job, RetryFailedResult
+from awa.admin.dlq import DlqEntry
+from awa.core import serialize, validate
+from awa.core.model import Job, RetryFailedResult
 
 QUEUES = ("q1", "q2")
 DLQ_QUEUE = "q2"
@@ -207,7 +207,7 @@ class Model:
                      unique: dict[str, Any] | None, state: str,
                      max_attempts: int) -> list[MJob | None]:
         """The jobs an insert makes, None where a duplicate key is refused or skipped."""
-        parsed = producer.parse_unique_opts(unique)
+        parsed = validate.parse_unique_opts(unique)
         planned: list[MJob] = []
         out: list[MJob | None] = []
         for n, group in batch:
@@ -215,7 +215,7 @@ class Model:
                        unique_opts=unique)
             if parsed is not None:
                 by_queue, by_args, period, mask = parsed
-                job.key = producer.unique_key(kind, queue, {"n": n, "group": group}, by_queue,
+                job.key = serialize.unique_key(kind, queue, {"n": n, "group": group}, by_queue,
                                               by_args, period)
                 job.mask = mask
             if self.conflict({}, [*planned, job]):
@@ -307,7 +307,7 @@ class Model:
 
     def expect_cancel(self, j: MJob, result: Any) -> None:
         if j.table == "gone":
-            assert isinstance(result, awa.errors.JobNotFound), result
+            assert isinstance(result, awa.JobNotFound), result
         elif j.table == "jobs":
             assert isinstance(result, Job) and str(result.state) == "cancelled", result
             self.to_done(j, "cancelled")
@@ -316,7 +316,7 @@ class Model:
 
     def expect_admin_retry(self, j: MJob, result: Any) -> None:
         if j.table == "gone":
-            assert isinstance(result, awa.errors.JobNotFound), result
+            assert isinstance(result, awa.JobNotFound), result
             return
         if not ((j.table == "done" and j.state in ("failed", "cancelled"))
                 or (j.table == "jobs" and j.state == "waiting_external")):

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import awa
-from awa.bridge import insert_job, insert_job_sync, to_paramstyle
+from awa.enqueue.bridge import insert_job, insert_job_sync, to_paramstyle
 
 
 @dataclass

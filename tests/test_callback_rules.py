@@ -11,7 +11,7 @@ from tests.helpers import FAST, wait_for_state, wait_until
 from tests.ui_helpers import call, serving
 
 import awa
-from awa import callback_rules
+from awa.core import callback_rules
 from awa.web import callback_app
 
 pytest.importorskip("cel")

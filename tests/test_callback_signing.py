@@ -11,7 +11,7 @@ from typing import Any
 from tests.test_callbacks import _post
 
 import awa
-from awa import callback_contract as cc
+from awa.core import callback_contract as cc
 
 SECRET = bytes(range(32))
 #: The worked example of docs/security.md ("Signed callback requests").

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
-from awa import callback_contract
+from awa.core import callback_contract
 
 S = awa.JobState
 

@@ -15,8 +15,8 @@ import pytest
 from tests.helpers import FAST, spawn_worker, wait_until
 
 import awa
-from awa.cron import CronService, fire_times
 from awa.db.queries import queries
+from awa.maintenance.cron import CronService, fire_times
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from awa.embedded import (
+from awa.db.embedded import (
     EmbeddedPostgresError,
     default_data_dir,
     embedded_database_url,
@@ -20,7 +20,7 @@ from awa.embedded import (
 
 pytestmark = pytest.mark.embedded
 
-PRINT_URL = "from awa.embedded import embedded_database_url as u; print(u(), flush=True)"
+PRINT_URL = "from awa.db.embedded import embedded_database_url as u; print(u(), flush=True)"
 
 
 async def _fetchval(url: str, sql: str) -> object:

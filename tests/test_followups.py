@@ -127,7 +127,7 @@ async def test_limits_and_sealed(client: awa.AsyncClient, conn: asyncpg.Connecti
     @client.task(StageA)
     async def handle(job: awa.JobContext) -> None:
         if job.args.mode == "count":
-            for i in range(awa.states.STAGED_FOLLOW_UPS_MAX):
+            for i in range(awa.core.states.STAGED_FOLLOW_UPS_MAX):
                 job.enqueue_on_completion(StageB(i))
             try:
                 job.enqueue_on_completion(StageB(99))
@@ -300,8 +300,8 @@ async def test_completion_retried_after_lost_connection_inserts_once(
 
 async def test_replayed_completion_inserts_nothing_twice(
         client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
-    from awa.model import Outcome
-    from awa.producer import prepare
+    from awa.core.model import Outcome
+    from awa.enqueue.producer import prepare
 
     job = await client.insert(StageA(1))
     pool = await client.pool()
@@ -310,7 +310,7 @@ async def test_replayed_completion_inserts_nothing_twice(
     lease = claimed[0]["run_lease"]
     from datetime import timedelta
 
-    from awa.completion import Completer
+    from awa.worker.completion import Completer
     completer = Completer(pool, queries(), completed_retention=timedelta(days=1),
                           failed_retention=timedelta(days=1))
     follow = [prepare(StageB(1))]

@@ -13,9 +13,10 @@ import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
-from awa import bridge, producer, states
+from awa.core import serialize, states
 from awa.db import migrations
 from awa.db.queries import bind_schema
+from awa.enqueue import bridge
 
 EXTREMES = [datetime.min, datetime.max, datetime.min.replace(tzinfo=UTC),
             datetime.max.replace(tzinfo=UTC),
@@ -195,7 +196,7 @@ async def test_nesting_up_to_the_limit_round_trips(client: awa.AsyncClient) -> N
 
 
 async def test_payload_cap(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
-    assert producer.max_payload_bytes() == states.PAYLOAD_MAX_BYTES
+    assert serialize.max_payload_bytes() == states.PAYLOAD_MAX_BYTES
     big = "x" * (states.PAYLOAD_MAX_BYTES + 1)
     with pytest.raises(awa.ValidationError) as err:
         await client.insert({"a": big}, kind="k")
@@ -261,14 +262,14 @@ async def test_unknown_kind_is_retried_for_a_newer_worker(client: awa.AsyncClien
 
 def test_payload_cap_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWA_MAX_PAYLOAD_BYTES", "2048")
-    assert producer._limit_from_env() == 2048
+    assert serialize._limit_from_env() == 2048
     monkeypatch.setenv("AWA_MAX_PAYLOAD_BYTES", "none")
-    assert producer._limit_from_env() is None
+    assert serialize._limit_from_env() is None
     monkeypatch.setenv("AWA_MAX_PAYLOAD_BYTES", "lots")
     with pytest.raises(awa.ValidationError) as err:
-        producer._limit_from_env()
+        serialize._limit_from_env()
     assert err.value.field == "AWA_MAX_PAYLOAD_BYTES"
-    assert json.loads(producer.dumps({"a": 1}, "args")) == {"a": 1}
+    assert json.loads(serialize.dumps({"a": 1}, "args")) == {"a": 1}
 
 
 async def test_a_stored_row_too_deep_to_decode_fails_alone(client: awa.AsyncClient,

@@ -10,7 +10,7 @@ import pydantic
 import pytest
 
 import awa
-from awa import producer
+from awa.core import serialize
 
 
 @dataclasses.dataclass
@@ -151,8 +151,8 @@ async def test_unique_key_matches_reference_rule() -> None:
     args = {"b": 2, "a": "é"}
     expected = blake3.blake3(b"k" + b"\x00q" + b'\x00{"a":"\xc3\xa9","b":2}'
                              + b"\x00" + struct.pack("<q", 7)).digest(length=16)
-    assert producer.unique_key("k", "q", args, True, True, 7) == expected
-    assert producer.unique_key("k", "q", args, False, False, None) == \
+    assert serialize.unique_key("k", "q", args, True, True, 7) == expected
+    assert serialize.unique_key("k", "q", args, False, False, None) == \
         blake3.blake3(b"k").digest(length=16)
 
 

@@ -36,6 +36,7 @@ from tests.prop_support import (
 )
 
 import awa
+from awa.core import serialize, validate
 from awa.testing import AwaTestClient, JobRow
 from awa.web.callbacks import callback_app
 from awa.web.ui import ui_app
@@ -337,11 +338,11 @@ def _valid_callback_body(action: str, body: bytes) -> bool:
         if not isinstance(data, dict):
             return False
         if action in ("complete", "resume"):
-            awa.producer.dumps(data.get("payload"), "payload")
+            serialize.dumps(data.get("payload"), "payload")
         elif action == "fail":
-            awa.producer.check_text("error", data.get("error"))
+            validate.check_text("error", data.get("error"))
         else:
-            awa.producer.check_seconds("timeout_seconds", data.get("timeout_seconds", 1.0))
+            validate.check_seconds("timeout_seconds", data.get("timeout_seconds", 1.0))
     except (ValueError, awa.AwaError):
         return False
     return True

@@ -72,7 +72,7 @@ async def test_callback_timeout_with_its_unique_key_taken(client: awa.AsyncClien
     pool = await client.pool()
     await Rescuer(pool, client._q, timedelta(seconds=1), lambda: True,
                   staleness=timedelta(seconds=90),
-                  failed_retention=awa.states.FAILED_RETENTION).run_once()
+                  failed_retention=awa.core.states.FAILED_RETENTION).run_once()
     failed = await client.get_job(waiting.id)
     assert failed.state is awa.JobState.Failed and "unique key" in failed.errors[-1]["error"]
     assert (await client.get_job(plain.id)).state is awa.JobState.Retryable
@@ -92,7 +92,7 @@ async def test_two_parked_duplicates_time_out_together(client: awa.AsyncClient,
     await conn.execute("UPDATE awa.jobs SET callback_timeout_at = now() - interval '1 second'")
     await Rescuer(await client.pool(), client._q, timedelta(seconds=1), lambda: True,
                   staleness=timedelta(seconds=90),
-                  failed_retention=awa.states.FAILED_RETENTION).run_once()
+                  failed_retention=awa.core.states.FAILED_RETENTION).run_once()
     states = [(await client.get_job(j.id)).state for j in (first, second)]
     assert states == [awa.JobState.Retryable, awa.JobState.Failed]
     await check_invariants(conn)

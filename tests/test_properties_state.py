@@ -47,15 +47,15 @@ from tests.prop_support import reset as reset_db
 from tests.prop_support import rows as all_rows
 
 import awa
-from awa.completion import Completer
-from awa.context import AttemptDb, JobContext
-from awa.executor import JobExecutor
-from awa.finalize import Finalizer
-from awa.followups import EnqueueRequest
+from awa.core.model import Job, Outcome
 from awa.maintenance.services import Promoter, Rescuer
-from awa.model import Job, Outcome
-from awa.tasks import Registry, make_spec
 from awa.testing import AwaTestClient, JobRow
+from awa.worker.completion import Completer
+from awa.worker.context import AttemptDb, JobContext
+from awa.worker.executor import JobExecutor
+from awa.worker.finalize import Finalizer
+from awa.worker.followups import EnqueueRequest
+from awa.worker.tasks import Registry, make_spec
 
 HOUR = timedelta(hours=1)
 BEHAVIORS = st.builds(
@@ -110,12 +110,13 @@ class JobMachine(RuleBasedStateMachine):
         self.pool: asyncpg.Pool = self.run(self.client.pool())
         q = self.client._q
         self.executor = JobExecutor(registry, e.threads, AttemptDb(self.pool, q, 0.05))
-        self.completer = Completer(self.pool, q, completed_retention=awa.states.COMPLETED_RETENTION,
-                                   failed_retention=awa.states.FAILED_RETENTION)
+        self.completer = Completer(self.pool, q,
+                                   completed_retention=awa.core.states.COMPLETED_RETENTION,
+                                   failed_retention=awa.core.states.FAILED_RETENTION)
         self.finalizer = Finalizer(self.completer, self.client._followups)
         self.rescuer = Rescuer(self.pool, q, timedelta(seconds=1), lambda: True,
                                staleness=timedelta(seconds=90),
-                               failed_retention=awa.states.FAILED_RETENTION)
+                               failed_retention=awa.core.states.FAILED_RETENTION)
         self.promoter = Promoter(self.pool, q, timedelta(seconds=1), lambda: True)
         self.run(self._setup())
 
@@ -330,7 +331,7 @@ class JobMachine(RuleBasedStateMachine):
             return
         before = self.run(self._rows())
         outcome = Outcome(kind, delay=60.0, error="stale")  # type: ignore[arg-type]
-        followups = [awa.producer.prepare(FollowUp(-job.id), queue=FQ)] if follow else []
+        followups = [awa.enqueue.producer.prepare(FollowUp(-job.id), queue=FQ)] if follow else []
         assert not self.run(self.completer.write(job.id, job.lease + delta, outcome, None,
                                                  followups))
         assert self.run(self._rows()) == before

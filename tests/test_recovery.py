@@ -11,9 +11,9 @@ import asyncpg
 from tests.helpers import FAST, idle_task, spawn_worker, wait_until
 
 import awa
-from awa.completion import Completer
+from awa.core.model import Outcome
 from awa.db.queries import queries
-from awa.model import Outcome
+from awa.worker.completion import Completer
 
 
 @dataclass

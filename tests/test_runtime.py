@@ -14,9 +14,9 @@ import pytest
 from tests.helpers import FAST, idle_task, wait_until
 
 import awa
-from awa.completion import Completer
 from awa.db.pool import create_pool
 from awa.db.queries import queries
+from awa.worker.completion import Completer
 
 TERMINAL = {awa.JobState.Completed, awa.JobState.Failed, awa.JobState.Cancelled}
 

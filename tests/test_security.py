@@ -28,7 +28,7 @@ from tests.test_callbacks import _post
 from tests.ui_helpers import call, serving
 
 import awa
-from awa import callback_contract
+from awa.core import callback_contract
 from awa.db.dsn import redact
 from awa.db.roles import grants_sql
 from awa.web.ui import ui_app

@@ -18,8 +18,9 @@ import pytest
 from tests.helpers import FAST, ROOT, wait_until
 
 import awa
-from awa import bridge, telemetry
+from awa.enqueue import bridge
 from awa.maintenance.services import QueueGauges, Rescuer
+from awa.telemetry import otel as telemetry
 
 pytest.importorskip("opentelemetry.sdk")
 

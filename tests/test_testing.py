@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 import awa
-import awa.states
+import awa.core.states
 from awa.testing import AwaTestClient, HandlerJob, JobRow, NoJob
 
 
@@ -116,7 +116,7 @@ def test_handler_job_records_validated_requests() -> None:
         job.enqueue_on_completion({"item": 1})  # a dict needs kind=
     with pytest.raises(TypeError):
         job.enqueue_on_completion(Notify(1), colour="red")  # type: ignore[call-arg]
-    for i in range(awa.states.STAGED_FOLLOW_UPS_MAX - 2):
+    for i in range(awa.core.states.STAGED_FOLLOW_UPS_MAX - 2):
         job.enqueue_on_completion(Notify(i))
     with pytest.raises(awa.StagingError, match="at most 16"):
         job.enqueue_on_completion(Notify(99))

@@ -5,24 +5,18 @@ Pipeline: producer → Postgres → dispatcher → executor → completion.
 
 from __future__ import annotations
 
-from awa import bridge, callback_contract, web
-from awa.batch import (
+from awa import web
+from awa.admin.dlq import DlqEntry
+from awa.client import AsyncClient
+from awa.core import callback_contract
+from awa.core.batch_spec import (
     BatchOperation,
     BatchOperationFilter,
     BatchOperationKind,
     BatchOperationPreview,
     BatchOperationState,
 )
-from awa.client import AsyncClient
-from awa.context import CallbackWaitAborted, JobContext
-from awa.db.migrations import (
-    current_migration_version,
-    migrations,
-    migrations_range,
-    schema_patches,
-)
-from awa.dlq import DlqEntry
-from awa.errors import (
+from awa.core.errors import (
     AwaError,
     BatchOperationNotFound,
     CallbackNotFound,
@@ -39,8 +33,7 @@ from awa.errors import (
     UnknownJobKind,
     ValidationError,
 )
-from awa.followups import EnqueueRequest, JobEvent, OutcomeContext
-from awa.model import (
+from awa.core.model import (
     CallbackToken,
     Cancel,
     Job,
@@ -52,13 +45,22 @@ from awa.model import (
     Snooze,
     WaitForCallback,
 )
-from awa.partitioned import PartitionedQueue
-from awa.producer import derive_kind, max_payload_bytes, set_max_payload_bytes
-from awa.runtime import HealthCheck, QueueHealth
-from awa.states import JobState
+from awa.core.serialize import derive_kind, max_payload_bytes, set_max_payload_bytes
+from awa.core.states import JobState
+from awa.db.migrations import (
+    current_migration_version,
+    migrations,
+    migrations_range,
+    schema_patches,
+)
+from awa.enqueue import bridge
+from awa.enqueue.partitioned import PartitionedQueue
+from awa.enqueue.transaction import Transaction
 from awa.sync import Client, SyncTransaction
-from awa.telemetry import init_telemetry, shutdown_telemetry
-from awa.transaction import Transaction
+from awa.telemetry.otel import init_telemetry, shutdown_telemetry
+from awa.worker.context import CallbackWaitAborted, JobContext
+from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
+from awa.worker.runtime import HealthCheck, QueueHealth
 
 __version__ = "0.1.0"
 

@@ -19,24 +19,27 @@ from typing import Any, Unpack
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa import producer, states, telemetry
-from awa.batch import BatchOps
-from awa.client_ops import AdminOps
-from awa.config import RuntimeConfig, check_start
-from awa.cron import CronSchedule
+from awa.admin.batch import BatchOps
+from awa.admin.descriptors import DescriptorOps
+from awa.admin.ops import AdminOps
+from awa.admin.overrides import OverrideOps
+from awa.core import serialize, states, validate
+from awa.core.errors import ValidationError
+from awa.core.model import Job
+from awa.core.options import InsertOptions
 from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
-from awa.descriptors import DescriptorOps, Scope
-from awa.errors import ValidationError
-from awa.followups import FollowUpRegistry, JobEvent, trigger_kind
-from awa.model import Job
-from awa.options import InsertOptions
-from awa.overrides import OverrideOps
-from awa.runtime import HealthCheck, Runtime
-from awa.tasks import Handler, Registry, make_spec
-from awa.transaction import Transaction, TransactionStart
+from awa.enqueue import producer
+from awa.enqueue.transaction import Transaction, TransactionStart
+from awa.maintenance.cron import CronSchedule
+from awa.telemetry import otel as telemetry
+from awa.worker.config import RuntimeConfig, check_start
+from awa.worker.descriptors import Scope
+from awa.worker.followups import FollowUpRegistry, JobEvent, trigger_kind
+from awa.worker.runtime import HealthCheck, Runtime
+from awa.worker.tasks import Handler, Registry, make_spec
 
 FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
@@ -54,9 +57,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
 
     def __init__(self, database_url: str | None = None, max_connections: int = 10, *,
                  schema: str = "awa", command_timeout: float | None = None) -> None:
-        producer.check_int("max_connections", max_connections, 1, 10_000)
+        validate.check_int("max_connections", max_connections, 1, 10_000)
         if command_timeout is not None:
-            producer.check_seconds("command_timeout", command_timeout)
+            validate.check_seconds("command_timeout", command_timeout)
         self._command_timeout = command_timeout
         self._url = database_url
         self._max_connections = max_connections
@@ -151,8 +154,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         """Compatibility: validate the reference SDK's storage options, then migrate."""
         if schema is not None and schema != self.schema:
             raise ValidationError("schema", f"this client uses schema {self.schema!r}")
-        producer.check_int("queue_slot_count", queue_slot_count, 1, 4096)
-        producer.check_int("lease_slot_count", lease_slot_count, 1, 4096)
+        validate.check_int("queue_slot_count", queue_slot_count, 1, 4096)
+        validate.check_int("lease_slot_count", lease_slot_count, 1, 4096)
         await self.migrate()
 
     async def storage_status(self) -> str:
@@ -296,9 +299,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         """
         kind = None
         if isinstance(kind_or_type, str):
-            kind = producer.check_name("kind", kind_or_type)
+            kind = validate.check_name("kind", kind_or_type)
         elif kind_or_type is not None:
-            kind = producer.derive_kind(kind_or_type.__name__)
+            kind = serialize.derive_kind(kind_or_type.__name__)
         if callback is not None:
             self._followups.add_hook(kind, events, callback)
             return callback

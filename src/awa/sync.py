@@ -16,9 +16,9 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from awa.client import AsyncClient
-from awa.model import Job
-from awa.options import InsertOptions
-from awa.transaction import Transaction
+from awa.core.model import Job
+from awa.core.options import InsertOptions
+from awa.enqueue.transaction import Transaction
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Unpack
 
-from awa import states
-from awa.callback_rules import compile_rules
 from awa.client import AsyncClient
-from awa.completion import Completer
-from awa.context import AttemptDb
-from awa.executor import JobExecutor
-from awa.finalize import Finalizer
-from awa.followups import StagingBuffer
-from awa.model import CallbackToken, Job, Outcome
-from awa.options import InsertOptions
-from awa.producer import PreparedJob
-from awa.tasks import Handler, Registry, make_spec
+from awa.core import states
+from awa.core.callback_rules import compile_rules
+from awa.core.model import CallbackToken, Job, Outcome
+from awa.core.options import InsertOptions
+from awa.enqueue.producer import PreparedJob
+from awa.worker.completion import Completer
+from awa.worker.context import AttemptDb
+from awa.worker.executor import JobExecutor
+from awa.worker.finalize import Finalizer
+from awa.worker.followups import StagingBuffer
+from awa.worker.tasks import Handler, Registry, make_spec
 
 OUTCOME_NAMES = {"completed": "completed", "retry": "retryable", "fail": "failed",
                  "cancel": "cancelled", "snooze": "snoozed", "wait": "waiting_external"}

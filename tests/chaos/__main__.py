@@ -89,7 +89,7 @@ async def main() -> int:
     hold = opts.hold_s or (180.0 if opts.long else 10.0)
     server = os.environ.get("DATABASE_URL")
     if not server:
-        from awa.embedded import embedded_database_url
+        from awa.db.embedded import embedded_database_url
 
         server = embedded_database_url()
     private: list[PrivateCluster] = []

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from awa import embedded
+from awa.db import embedded
 
 
 def _free_port() -> int:

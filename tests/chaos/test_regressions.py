@@ -9,10 +9,10 @@ from typing import Any
 import asyncpg
 
 import awa
-from awa.capacity import Capacity
-from awa.config import QueueConfig
 from awa.db.queries import queries
-from awa.dispatcher import Dispatcher
+from awa.worker.capacity import Capacity
+from awa.worker.config import QueueConfig
+from awa.worker.dispatcher import Dispatcher
 
 
 @dataclass

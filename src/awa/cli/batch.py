@@ -12,12 +12,6 @@ from typing import Any, cast
 
 import click
 
-from awa.batch import (
-    BatchOperationFilter,
-    BatchOperationKind,
-    BatchOperationPreview,
-    BatchOperationState,
-)
 from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
@@ -31,6 +25,12 @@ from awa.cli.output import (
     say,
 )
 from awa.cli.root import main
+from awa.core.batch_spec import (
+    BatchOperationFilter,
+    BatchOperationKind,
+    BatchOperationPreview,
+    BatchOperationState,
+)
 
 OP_COLUMNS = ("id", "state", "change", "progress", "skipped", "errored", "submitted_at")
 FILTER_HELP = "--queue, --kind, --tag, --id, --state, --created-after or --created-before"

@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 import awa
-from awa import bulk
 from awa.cli.output import (
     JOB_COLUMNS,
     TOO_DEEP,
@@ -23,6 +22,7 @@ from awa.cli.output import (
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 from awa.cli.root import main
+from awa.enqueue import bulk
 
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 

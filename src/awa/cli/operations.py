@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 import awa
-from awa import admin, bulk
+from awa.admin import jobs as admin
 from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
@@ -26,8 +26,9 @@ from awa.cli.output import (
 )
 from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.cli.root import main
-from awa.errors import SchemaNotMigrated
-from awa.web.health import parse_addr
+from awa.core.errors import SchemaNotMigrated
+from awa.enqueue import bulk
+from awa.worker.health import parse_addr
 
 
 @main.group()
@@ -305,7 +306,7 @@ def health(obj: dict[str, Any], addr: str | None, timeout: float, as_json: bool)
     emit({"healthy": True, "postgres_connected": True, "schema_version": version}, as_json)
 
 
-def readyz_url(addr: str) -> str:
+def _readyz_url(addr: str) -> str:
     """The /readyz URL for ``host:port`` (a wildcard bind address means this machine)."""
     if addr.startswith(("http://", "https://")):
         return addr.rstrip("/") + "/readyz"
@@ -315,7 +316,7 @@ def readyz_url(addr: str) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/readyz"
 
 
-def fetch_readiness(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
+def _fetch_readiness(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
     """GET ``url`` directly (no proxy): the HTTP status and the JSON object it answered."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -334,11 +335,11 @@ def fetch_readiness(url: str, timeout: float) -> tuple[int, dict[str, Any]]:
 
 def _worker_ready(addr: str, timeout: float, as_json: bool) -> None:
     try:
-        url = readyz_url(addr)
+        url = _readyz_url(addr)
     except ValueError as exc:
         fail(str(exc))
     try:
-        status, payload = fetch_readiness(url, timeout)
+        status, payload = _fetch_readiness(url, timeout)
     except ValueError as exc:
         fail(str(exc))
     except OSError as exc:  # refused, unknown host, timed out (URLError is an OSError)

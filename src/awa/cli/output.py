@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 import awa
-from awa.errors import AwaError
+from awa.core.errors import AwaError
 
 T = TypeVar("T")
 
@@ -107,13 +107,13 @@ def current_format() -> str:
     return str(ctx.meta.get(_FORMAT) or ctx.meta.get(_GLOBAL_FORMAT) or "table")
 
 
-def printable(text: str) -> str:
+def _printable(text: str) -> str:
     """``text`` with every control, bidi and line-separator character shown as an escape."""
     return text.translate(_ESCAPES)
 
 
-def clip(text: str, limit: int | None, escapes: dict[int, str] = _ESCAPES) -> str:
-    """``printable(text)``, cut to ``limit`` shown characters with a marker (None: whole)."""
+def _clip(text: str, limit: int | None, escapes: dict[int, str] = _ESCAPES) -> str:
+    """``_printable(text)``, cut to ``limit`` shown characters with a marker (None: whole)."""
     if limit is None:
         return text.translate(escapes)
     if len(text) <= limit:
@@ -151,10 +151,10 @@ def plain(value: Any) -> Any:
     return value
 
 
-def tsv_field(text: str, limit: int | None) -> str:
+def _tsv_field(text: str, limit: int | None) -> str:
     """One TSV field: escaped and cut like a table cell, backslashes doubled (so ``\\t``
     is always an escaped tab)."""
-    return clip(text, limit, _TSV_ESCAPES)
+    return _clip(text, limit, _TSV_ESCAPES)
 
 
 def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
@@ -169,15 +169,15 @@ def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
     if columns is not None and isinstance(data, list):
         limit = None if full else CELL_LIMIT
         if tsv:
-            click.echo("\t".join(tsv_field(c, None) for c in columns))
+            click.echo("\t".join(_tsv_field(c, None) for c in columns))
             for row in data:
-                click.echo("\t".join(tsv_field(_cell(row.get(c)), limit) for c in columns))
+                click.echo("\t".join(_tsv_field(_cell(row.get(c)), limit) for c in columns))
             return
-        table = Table(title=Text(printable(title)) if title else None)
+        table = Table(title=Text(_printable(title)) if title else None)
         for column in columns:  # a narrow terminal folds a header, never cuts it to "avai…"
-            table.add_column(Text(printable(column), overflow="fold"))
+            table.add_column(Text(_printable(column), overflow="fold"))
         for row in data:
-            table.add_row(*[Text(clip(_cell(row.get(c)), limit), overflow="fold")
+            table.add_row(*[Text(_clip(_cell(row.get(c)), limit), overflow="fold")
                             for c in columns])
         console = Console()
         if not console.is_terminal:  # piped: as wide as the table needs, nothing cut
@@ -187,12 +187,12 @@ def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
         limit = None if full else VALUE_LIMIT
         if tsv:
             for key, value in data.items():
-                click.echo(f"{tsv_field(key, None)}\t{tsv_field(_cell(value), limit)}")
+                click.echo(f"{_tsv_field(key, None)}\t{_tsv_field(_cell(value), limit)}")
             return
-        keys = {key: printable(key) for key in data}
+        keys = {key: _printable(key) for key in data}
         width = max((len(k) for k in keys.values()), default=0)
         for key, value in data.items():
-            click.echo(f"{keys[key]:<{width}}  {clip(_cell(value), limit)}")
+            click.echo(f"{keys[key]:<{width}}  {_clip(_cell(value), limit)}")
     else:
         say(str(data))
 
@@ -223,7 +223,7 @@ def emit_document(text: str, as_json: bool, full: bool) -> None:
 
 def say(message: str, *, err: bool = False) -> None:
     """Print a one-line message (to stderr with ``err``), control characters escaped."""
-    click.echo(printable(message), err=err)
+    click.echo(_printable(message), err=err)
 
 
 def fail(message: str) -> NoReturn:
@@ -256,7 +256,7 @@ def confirm(yes: bool, prompt: str) -> None:
     if yes:
         return
     try:
-        ok = click.confirm(printable(prompt), default=False)
+        ok = click.confirm(_printable(prompt), default=False)
     except click.Abort:
         ok = False
     if not ok:
@@ -291,7 +291,7 @@ class SafeGroup(click.Group):
 
 def _escape_message(exc: click.ClickException) -> None:
     # click types ``message`` as Final, but it is a plain attribute that show() reads.
-    exc.message = printable(exc.message)  # type: ignore[misc]
+    exc.message = _printable(exc.message)  # type: ignore[misc]
 
 
 class SafeFormatter(logging.Formatter):
@@ -300,7 +300,7 @@ class SafeFormatter(logging.Formatter):
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         """The formatted line, escaped."""
-        return printable(super().formatMessage(record))
+        return _printable(super().formatMessage(record))
 
     def formatException(self, ei: Any) -> str:
         """The traceback, escaped: frames keep their lines, a message cannot add any."""
@@ -316,7 +316,7 @@ class SafeFormatter(logging.Formatter):
 
 
 def _lines(text: str) -> str:
-    return "\n".join(printable(line) for line in text.split("\n"))
+    return "\n".join(_printable(line) for line in text.split("\n"))
 
 
 def _chunk(chunk: str) -> str:
@@ -326,7 +326,7 @@ def _chunk(chunk: str) -> str:
         return _lines(chunk)
     core = chunk.strip("\n")
     start = chunk.index(core) if core else len(chunk)
-    return chunk[:start] + printable(core) + chunk[start + len(core):]
+    return chunk[:start] + _printable(core) + chunk[start + len(core):]
 
 
 JOB_COLUMNS = ("id", "kind", "queue", "state", "priority", "attempt", "max_attempts",

@@ -10,7 +10,7 @@ from awa.cli.jobs import yes_option
 from awa.cli.operations import create_option, queue, require_queue
 from awa.cli.output import confirm, emit, full_option, json_option, run_with_client, say
 from awa.cli.root import main
-from awa.overrides import FIELDS
+from awa.worker.overrides import FIELDS
 
 OVERRIDE_COLUMNS = ("queue", "poll_interval_ms", "claim_batch_size", "rate_limit",
                     "deadline_ms", "updated_by", "updated_at")

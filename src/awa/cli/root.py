@@ -27,10 +27,10 @@ from awa.cli.output import (
     say,
 )
 from awa.cli.progress import Bar, bars_enabled
+from awa.core.errors import AwaError
 from awa.db import migrations
 from awa.db.dsn import redact
 from awa.db.errors import translated
-from awa.errors import AwaError
 
 
 def _run(coro: Any) -> Any:
@@ -130,7 +130,7 @@ def _parse_value(key: str, text: str) -> Any:
         fail(f"--set {key}: {TOO_DEEP}")
 
 
-def load_client(target: str) -> awa.AsyncClient:
+def _load_client(target: str) -> awa.AsyncClient:
     """Import ``module:attribute`` and return the `AsyncClient` it names."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
@@ -170,7 +170,7 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
     """
     configure_logging(log_level, log_format)
     sys.path.insert(0, ".")
-    client = load_client(target)
+    client = _load_client(target)
     queue_list = None
     if queues:
         queue_list = []

@@ -22,7 +22,7 @@ def bind(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family)
 
 
-def url_of(host: str, sock: socket.socket) -> str:
+def _url_of(host: str, sock: socket.socket) -> str:
     """The UI's URL for a socket bound on ``host`` (its real port, also when asked for 0)."""
     port = sock.getsockname()[1]
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
@@ -64,7 +64,7 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
         hosts = [*LOOPBACK_HOSTS, *([] if wildcard else [host]), *allowed_hosts]
     app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"],
                  allowed_hosts=hosts)
-    announce = url_of(host, sock) + (" (read-only)" if read_only else "")
+    announce = _url_of(host, sock) + (" (read-only)" if read_only else "")
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

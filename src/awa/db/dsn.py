@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from awa.errors import ValidationError
+from awa.core.errors import ValidationError
 
 POOLER_OPTION = "pgbouncer"
 _TRUE = {"1", "true", "yes", "on"}

@@ -13,9 +13,9 @@ from functools import cache
 
 import asyncpg
 
+from awa.core.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
 from awa.db.dsn import redact
 from awa.db.migrations import migrations
-from awa.errors import AwaError, DatabaseError, SchemaNotMigrated, UniqueConflict
 
 UNIQUE_CONSTRAINT = "awa_unique_claim"
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from functools import cache
 from importlib import resources
 
+from awa.core.errors import SchemaNotMigrated
 from awa.db.pool import Conn
 from awa.db.queries import bind_schema, validate_schema
-from awa.errors import SchemaNotMigrated
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 #: First key of the two-int advisory lock; the second is hashtext(schema).

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from awa.core.states import CLAIM_PLAN_LIFETIME
 from awa.db import dsn
 from awa.db.queries import queries
-from awa.states import CLAIM_PLAN_LIFETIME
 
 #: A connection as Awa code receives it: direct, or borrowed from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -72,7 +72,7 @@ def resolve_database_url(database_url: str | None) -> str:
     env = os.environ.get("DATABASE_URL")
     if env:
         return env
-    from awa.embedded import embedded_database_url
+    from awa.db.embedded import embedded_database_url
 
     return embedded_database_url()
 
@@ -110,7 +110,7 @@ async def behind_pooler(database_url: str) -> bool:
     return _detected[target.dsn]
 
 
-def driver_options(pooled: bool) -> dict[str, Any]:
+def _driver_options(pooled: bool) -> dict[str, Any]:
     """asyncpg options for a direct or a pooled connection: behind a pooler,
     statements are never prepared by name (the next one may reach another server)."""
     return {"statement_cache_size": 0} if pooled else {}
@@ -119,7 +119,7 @@ def driver_options(pooled: bool) -> dict[str, Any]:
 async def connect(database_url: str) -> asyncpg.Connection:
     """One connection outside any pool (the LISTEN connection), pooler-aware."""
     pooled = await behind_pooler(database_url)
-    return await asyncpg.connect(dsn.parse(database_url).dsn, **driver_options(pooled))
+    return await asyncpg.connect(dsn.parse(database_url).dsn, **_driver_options(pooled))
 
 
 #: The claim pool reads awa.jobs only through indexes, in index order. A plan
@@ -163,7 +163,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     """
     pooled = await behind_pooler(database_url)
     settings = {"application_name": application_name}
-    options = driver_options(pooled)
+    options = _driver_options(pooled)
     if idle_in_transaction_timeout is not None and not pooled:
         settings["idle_in_transaction_session_timeout"] = \
             f"{round(idle_in_transaction_timeout * 1000)}ms"

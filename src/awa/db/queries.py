@@ -1,8 +1,11 @@
 """Named SQL statements, loaded once from the ``sql/*.sql`` files.
 
-Each file holds blocks introduced by ``-- name: noun_verb``. Statements are
-written against the schema ``awa``; `Queries` binds another schema name (a
-validated identifier, never user text) in this one place.
+Each file holds blocks introduced by ``-- name: noun_verb``; a piece of SQL
+that several statements share is a ``-- fragment: name`` block, written once
+and included where ``{{name}}`` stands (at load time, from the package's own
+files only). Statements are written against the schema ``awa``; `Queries`
+binds another schema name (a validated identifier, never user text) in this
+one place.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import re
 from functools import cache
 from importlib import resources
 
-from awa.errors import ValidationError
+from awa.core.errors import ValidationError
 
-_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^--\s*(name|fragment):\s*(\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 _SCHEMA_REF = re.compile(r"(?<![\w\"])awa\.")
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 DEFAULT_SCHEMA = "awa"
@@ -33,21 +37,35 @@ def bind_schema(sql: str, schema: str) -> str:
     return _SCHEMA_REF.sub(f'"{validate_schema(schema)}".', sql)
 
 
-def _parse(text: str) -> dict[str, str]:
+def _parse(text: str) -> list[tuple[str, str, str]]:
+    """``(kind, name, body)`` of every block; kind is ``name`` or ``fragment``."""
     parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return [(kind, name, body.strip())
+            for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True)]
+
+
+def _expand(name: str, body: str, fragments: dict[str, str]) -> str:
+    def include(match: re.Match[str]) -> str:
+        if match.group(1) not in fragments:
+            raise RuntimeError(f"SQL statement {name!r} includes unknown fragment {match[0]}")
+        return fragments[match.group(1)]
+    return _INCLUDE.sub(include, body)
 
 
 @cache
 def _all_statements() -> dict[str, str]:
-    statements: dict[str, str] = {}
+    blocks: dict[str, dict[str, str]] = {"name": {}, "fragment": {}}
     for entry in sorted(resources.files("awa.db").joinpath("sql").iterdir(), key=str):
         if entry.name.endswith(".sql"):
-            for name, body in _parse(entry.read_text()).items():
-                if name in statements:
-                    raise RuntimeError(f"duplicate SQL statement name {name!r}")
-                statements[name] = body
-    return statements
+            for kind, name, body in _parse(entry.read_text()):
+                if name in blocks["name"] or name in blocks["fragment"]:
+                    raise RuntimeError(f"duplicate SQL block name {name!r}")
+                if kind == "fragment":  # its own comments stay in the .sql file
+                    body = "\n".join(line for line in body.splitlines()
+                                      if not line.lstrip().startswith("--"))
+                blocks[kind][name] = body
+    return {name: _expand(name, body, blocks["fragment"])
+            for name, body in blocks["name"].items()}
 
 
 class Queries:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
+from awa.core.errors import ValidationError
 from awa.db.queries import validate_schema
-from awa.errors import ValidationError
 
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -46,7 +46,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT SELECT ON TABLES TO {role};
 """
 
 
-def validate_role(role: str) -> str:
+def _validate_role(role: str) -> str:
     """Return ``role`` if it is a plain lowercase identifier, else raise."""
     if not _ROLE.match(role):
         raise ValidationError("role", "must match [a-z_][a-z0-9_]{0,62}")
@@ -60,4 +60,4 @@ def grants_sql(role: str, *, read_only: bool = False, schema: str = "awa") -> st
     definers = ",\n    ".join(f.replace("awa.", f"{schema}.", 1) for f in DEFINER_FUNCTIONS)
     template = _READER if read_only else _RUNTIME
     # sql-safe: role and schema are validated identifiers ([a-z_][a-z0-9_]*)
-    return template.format(role=validate_role(role), schema=schema, definers=definers)
+    return template.format(role=_validate_role(role), schema=schema, definers=definers)

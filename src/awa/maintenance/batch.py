@@ -21,7 +21,8 @@ from typing import Any
 
 import asyncpg
 
-from awa import batch, producer
+from awa.core import batch_spec as batch
+from awa.core import serialize
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
@@ -37,7 +38,7 @@ TRANSIENT = (asyncpg.TransactionRollbackError, asyncpg.LockNotAvailableError,
              asyncpg.InsufficientResourcesError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
-def queue_free_unique_ids(rows: list[Any]) -> list[int]:
+def _queue_free_unique_ids(rows: list[Any]) -> list[int]:
     """The unique jobs whose key leaves the queue out, so moving them keeps it valid.
 
     A key made with ``by_queue`` (or ``by_period``, whose bucket is not
@@ -46,7 +47,7 @@ def queue_free_unique_ids(rows: list[Any]) -> list[int]:
     movable = []
     for r in rows:
         key = bytes(r["unique_key"])
-        if any(producer.unique_key(r["kind"], r["queue"], r["args"], False, by_args, None) == key
+        if any(serialize.unique_key(r["kind"], r["queue"], r["args"], False, by_args, None) == key
                for by_args in (True, False)):
             movable.append(r["id"])
     return movable
@@ -134,7 +135,7 @@ class BatchRunner(PeriodicService):
         priority, queue = batch.spec_params(spec)
         movable: list[int] = []
         if queue is not None:
-            movable = queue_free_unique_ids(await conn.fetch(q["batch_chunk_unique"], ids))
+            movable = _queue_free_unique_ids(await conn.fetch(q["batch_chunk_unique"], ids))
         params = (*f.params(), ids, priority, queue, movable)
         errored, last_error = 0, None
         try:

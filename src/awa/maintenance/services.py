@@ -9,10 +9,10 @@ from typing import Any
 
 import asyncpg
 
-from awa import joblog, telemetry
-from awa.context import JobContext
 from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService
+from awa.telemetry import joblog
+from awa.telemetry import otel as telemetry
 
 log = logging.getLogger("awa.maintenance")
 PROMOTE_BATCH = 5000
@@ -176,45 +176,6 @@ class Vacuumer(PeriodicService):
                 self.vacuums += 1
             except Exception as exc:  # e.g. a runtime role that does not own the table
                 log.warning("could not vacuum awa.jobs (%d dead tuples): %s", row["dead"], exc)
-
-
-class Heartbeat(PeriodicService):
-    """Refreshes this process's running attempts; reports the ones it lost."""
-
-    name = "heartbeat"
-    leader_only = False
-
-    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
-                 attempts: Callable[[], list[tuple[int, int, JobContext | None]]],
-                 lost: Callable[[int], None]) -> None:
-        super().__init__(interval, lambda: True)
-        self._pool, self._q = pool, q
-        self._attempts = attempts
-        self._lost = lost
-
-    def _sleep_for(self) -> float:
-        return self.interval  # no jitter: staleness is measured against it
-
-    async def run_once(self) -> None:
-        attempts = self._attempts()
-        if not attempts:
-            return
-        progress = [ctx._take_progress() if ctx is not None else None for _, _, ctx in attempts]
-        try:
-            rows = await self._pool.fetch(self._q["attempt_heartbeat"],
-                                          [a[0] for a in attempts], [a[1] for a in attempts],
-                                          progress)
-        except BaseException:
-            for (_, _, ctx), text in zip(attempts, progress, strict=True):
-                if ctx is not None and text is not None:
-                    ctx._restore_progress()
-            raise
-        written = {r["id"]: r["written"] for r in rows}
-        for (job_id, _, ctx), text in zip(attempts, progress, strict=True):
-            if job_id not in written:
-                self._lost(job_id)
-            elif not written[job_id] and ctx is not None and text is not None:
-                ctx._restore_progress()  # row busy this beat: write the progress next time
 
 
 class UnservedQueueWarner(PeriodicService):

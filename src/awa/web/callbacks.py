@@ -19,8 +19,8 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from awa import callback_contract
-from awa.errors import CallbackNotFound, DatabaseError, SerializationError, ValidationError
+from awa.core import callback_contract
+from awa.core.errors import CallbackNotFound, DatabaseError, SerializationError, ValidationError
 from awa.web.asgi import ASGIApp, Receive, Scope, Send, read_body, send_json
 
 if TYPE_CHECKING:

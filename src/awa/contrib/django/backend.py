@@ -28,8 +28,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
-from awa import producer, states
-from awa.bridge import insert_job_sync, to_paramstyle
 from awa.contrib.django.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -41,10 +39,12 @@ from awa.contrib.django.compat import (
     normalize_json,
     task_enqueued,
 )
+from awa.core import states, validate
+from awa.core.errors import ValidationError
+from awa.core.model import Job
+from awa.core.states import JobState
 from awa.db.queries import queries
-from awa.errors import ValidationError
-from awa.model import Job
-from awa.states import JobState
+from awa.enqueue.bridge import insert_job_sync, to_paramstyle
 
 __all__ = ["AwaBackend", "AwaJobError", "awa_priority", "django_status"]
 
@@ -156,10 +156,10 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
         self.task_modules: list[str] = list(options.get("TASK_MODULES", []))
         self.worker_options: dict[str, Any] = dict(options.get("WORKER", {}))
         try:
-            producer.check_int("MAX_ATTEMPTS", self.max_attempts, states.MAX_ATTEMPTS_MIN,
+            validate.check_int("MAX_ATTEMPTS", self.max_attempts, states.MAX_ATTEMPTS_MIN,
                                states.MAX_ATTEMPTS_MAX)
             for queue in self.queues:
-                producer.check_name("QUEUES", queue)
+                validate.check_name("QUEUES", queue)
         except ValidationError as exc:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]: {exc}") from exc
         self._local = threading.local()
@@ -170,8 +170,8 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
         """Django's checks, then Awa's limits on the kind (dotted path) and queue name."""
         super().validate_task(task)
         try:
-            producer.check_name("kind", task.module_path)
-            producer.check_name("queue_name", task.queue_name)
+            validate.check_name("kind", task.module_path)
+            validate.check_name("queue_name", task.queue_name)
         except ValidationError as exc:
             raise InvalidTask(str(exc)) from exc
 
@@ -217,7 +217,7 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
         """The task result of job ``result_id``; `TaskResultDoesNotExist` if there is none."""
         try:
             job_id = int(result_id)
-            producer.check_id("result_id", job_id)
+            validate.check_id("result_id", job_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
         job = self._read_job(job_id)

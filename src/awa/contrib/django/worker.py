@@ -30,7 +30,6 @@ from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 import awa
-from awa.context import JobContext
 from awa.contrib.django.backend import (
     META_KEY,
     AwaBackend,
@@ -49,8 +48,9 @@ from awa.contrib.django.compat import (
     task_finished,
     task_started,
 )
-from awa.errors import TerminalError
-from awa.model import Output
+from awa.core.errors import TerminalError
+from awa.core.model import Output
+from awa.worker.context import JobContext
 
 __all__ = ["build_client", "discover_tasks", "make_handler", "serve"]
 

@@ -23,13 +23,7 @@ WITH picked AS (
     WHERE d.id = p.id AND d.state = 'failed'
     RETURNING d.*
 ), inserted AS (
-    INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts,
-                          run_lease, run_at, created_at, tags, metadata, errors, progress,
-                          unique_key, unique_states, ordering_key)
-    SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
-           now(), created_at, tags, metadata, errors, progress, unique_key,
-           unique_states, ordering_key
-    FROM moved ORDER BY id
+    {{revive_moved}}
     RETURNING id
 )
 SELECT (SELECT count(*) FROM inserted) AS done, (SELECT max(id) FROM picked) AS last_id
@@ -66,13 +60,7 @@ WITH picked AS (
     DELETE FROM awa.dlq d USING picked p WHERE d.id = p.id
     RETURNING d.*
 ), inserted AS (
-    INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts,
-                          run_lease, run_at, created_at, tags, metadata, errors, progress,
-                          unique_key, unique_states, ordering_key)
-    SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
-           now(), created_at, tags, metadata, errors, progress, unique_key,
-           unique_states, ordering_key
-    FROM moved ORDER BY id
+    {{revive_moved}}
     RETURNING id
 )
 SELECT (SELECT count(*) FROM inserted) AS done, (SELECT max(id) FROM picked) AS last_id

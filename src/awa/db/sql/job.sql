@@ -110,6 +110,20 @@ SELECT done.*, CASE WHEN m.prior_state = 'running'
                     THEN pg_notify('awa_cancel', done.id::text) END AS notified
 FROM done JOIN moved m ON (m.j).id = done.id
 
+-- fragment: revive_moved
+-- Finished → available: the rows of a CTE named ``moved`` (deleted from
+-- jobs_done or the DLQ) back into the active table with attempt 0, as one job
+-- each keeps its id, history and unique claim. Admin retry, retry_failed and
+-- the bulk retries include it; DLQ retry (other queue, priority or time) does
+-- its own.
+INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts,
+                      run_lease, run_at, created_at, tags, metadata, errors, progress,
+                      unique_key, unique_states, ordering_key)
+SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
+       now(), created_at, tags, metadata, errors, progress, unique_key,
+       unique_states, ordering_key
+FROM moved ORDER BY id
+
 -- name: job_retry_finished
 -- Admin retry of a failed or cancelled job: back to available, attempt 0.
 WITH moved AS (
@@ -117,13 +131,7 @@ WITH moved AS (
     WHERE d.id = $1 AND d.state IN ('failed', 'cancelled')
     RETURNING d.*
 )
-INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
-                      run_at, created_at, tags, metadata, errors, progress, unique_key,
-                      unique_states, ordering_key)
-SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
-       now(), created_at, tags, metadata, errors, progress, unique_key,
-       unique_states, ordering_key
-FROM moved
+{{revive_moved}}
 RETURNING *
 
 -- name: job_retry_waiting
@@ -156,13 +164,7 @@ WITH moved AS (
       AND ($2::text IS NULL OR d.queue = $2)
     RETURNING d.*
 )
-INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
-                      run_at, created_at, tags, metadata, errors, progress, unique_key,
-                      unique_states, ordering_key)
-SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
-       now(), created_at, tags, metadata, errors, progress, unique_key,
-       unique_states, ordering_key
-FROM moved ORDER BY id
+{{revive_moved}}
 RETURNING *
 
 -- name: job_discard_failed

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 import awa.web.ui.data as data
-from awa import batch
-from awa.errors import JobNotFound, ValidationError
+from awa.admin import batch
+from awa.core.errors import JobNotFound, ValidationError
 
 if TYPE_CHECKING:
     from awa.web.ui.state import UiState
@@ -64,7 +64,7 @@ _BATCH_FILTERS = {"queue": "queue", "kind": "kind", "tag": "tag", "state": "stat
                   "created_after": "created_at_gte", "created_before": "created_at_lt"}
 
 
-def batch_request(source: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def _batch_request(source: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """``(op_kind, spec, filter)`` from the flat fields of a query or body; blanks are unset."""
     def value(key: str) -> Any:
         v = source.get(key)
@@ -155,7 +155,7 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         return JSONResponse(op)
 
     async def batch_preview(request: Request) -> Response:
-        op_kind, spec, f = batch_request(request.query_params)
+        op_kind, spec, f = _batch_request(request.query_params)
         client = await state.client()
         async with state.reading() as conn:
             found = await batch.preview(conn, client._q, op_kind, spec, f)
@@ -246,7 +246,7 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         return JSONResponse({"ok": True, "purged": n})
 
     async def batch_submit(request: Request) -> Response:
-        op_kind, spec, f = batch_request(await _body(request))
+        op_kind, spec, f = _batch_request(await _body(request))
         client = await state.client()
         op = await batch.submit(await client.pool(), client._q, op_kind, spec, f,
                                 submitted_by="web-ui")

@@ -24,7 +24,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from awa.client import AsyncClient
-from awa.errors import AwaError, BatchOperationNotFound, DatabaseError, JobNotFound, ValidationError
+from awa.core.errors import (
+    AwaError,
+    BatchOperationNotFound,
+    DatabaseError,
+    JobNotFound,
+    ValidationError,
+)
 from awa.web.ui.actions import routes as api_routes
 from awa.web.ui.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, RequestGuard
 from awa.web.ui.state import UiState

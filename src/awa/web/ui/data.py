@@ -11,13 +11,14 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from awa import descriptors as awa_descriptors
-from awa import overrides, producer
+from awa.admin import descriptors as awa_descriptors
+from awa.core import validate
+from awa.core.model import Job
+from awa.core.states import TERMINAL, JobState
 from awa.db.pool import Conn
 from awa.db.queries import Queries
-from awa.model import Job
-from awa.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
-from awa.states import TERMINAL, JobState
+from awa.worker import overrides
+from awa.worker.presence import PRESENCE_INTERVAL, STALE_AFTER_INTERVALS
 
 #: Counts stop here and show as "100,000+".
 COUNT_CAP = 100_000
@@ -86,7 +87,7 @@ def _preview(job: Job) -> dict[str, Any]:
 
 def _opt(field: str, value: str | None) -> str | None:
     value = (value or "").strip()
-    return producer.check_name(field, value) if value else None
+    return validate.check_name(field, value) if value else None
 
 
 async def jobs_page(conn: Conn, q: Queries, *, state: str | None = None,
@@ -97,8 +98,8 @@ async def jobs_page(conn: Conn, q: Queries, *, state: str | None = None,
     parsed = JobState.parse(state) if state else None
     name = ("ui_jobs_all" if parsed is None
             else "ui_jobs_done" if parsed in TERMINAL else "ui_jobs_active")
-    search = producer.check_text("q", (search or "").strip()[:200]) or None
-    below = producer.check_int("cursor", cursor, 1, MAX_CURSOR) if cursor else MAX_CURSOR
+    search = validate.check_text("q", (search or "").strip()[:200]) or None
+    below = validate.check_int("cursor", cursor, 1, MAX_CURSOR) if cursor else MAX_CURSOR
     rows = await conn.fetch(q[name], below, parsed.value if parsed else None,
                             _opt("queue", queue), _opt("kind", kind), _opt("tag", tag),
                             search, PAGE_SIZE, SCAN_WINDOW)
@@ -129,14 +130,14 @@ def timeline(job: Job) -> list[dict[str, Any]]:
                        "detail": ""})
     if job.state is JobState.WaitingExternal:
         events.append({"at": _iso(job.attempted_at), "event": "waiting for callback",
-                       "detail": callback_label(job)})
+                       "detail": _callback_label(job)})
     if job.finalized_at_datetime is not None:
         events.append({"at": _iso(job.finalized_at_datetime), "event": str(job.state),
                        "detail": ""})
     return sorted(events, key=lambda e: e["at"] or "")
 
 
-def callback_label(job: Job) -> str | None:
+def _callback_label(job: Job) -> str | None:
     """'waiting for callback #N' for a parked job (N counts the job's callbacks)."""
     if job.callback_id is None:
         return None
@@ -164,7 +165,7 @@ def job_detail(job: Job, dlq: dict[str, Any] | None, *, full: bool = False) -> d
             if size > DETAIL_VALUE_MAX:
                 truncated[name] = size
                 out[name] = text[:DETAIL_VALUE_MAX // 4] + "…"
-    return {"job": out, "timeline": timeline(job), "callback": callback_label(job),
+    return {"job": out, "timeline": timeline(job), "callback": _callback_label(job),
             "dlq": dlq, "truncated": truncated}
 
 

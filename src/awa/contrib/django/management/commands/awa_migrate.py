@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import awa
 from awa.contrib.django.management.commands._common import awa_backend
-from awa.errors import AwaError
+from awa.core.errors import AwaError
 
 
 class Command(BaseCommand):  # type: ignore[misc]

@@ -11,7 +11,7 @@ from django.db import connections
 from awa.cli import configure_logging
 from awa.contrib.django.management.commands._common import awa_backend
 from awa.contrib.django.worker import serve
-from awa.errors import AwaError
+from awa.core.errors import AwaError
 
 
 def parse_queue(spec: str) -> tuple[str, int]:

@@ -1,0 +1,154 @@
+"""Job states, the sets derived from them, and every limit and default.
+
+Defined once here and imported everywhere (producer, runtime, admin, SQL
+parameters) so the rules cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime, timedelta
+
+
+class JobState(enum.Enum):
+    """A job's lifecycle state; ``str()`` gives the lowercase database name."""
+
+    Scheduled = "scheduled"
+    Available = "available"
+    Running = "running"
+    Completed = "completed"
+    Retryable = "retryable"
+    Failed = "failed"
+    Cancelled = "cancelled"
+    WaitingExternal = "waiting_external"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def bit(self) -> int:
+        """This state's bit in a unique-options ``states`` bitmask."""
+        return 1 << STATE_ORDER.index(self)
+
+    @classmethod
+    def parse(cls, value: JobState | str) -> JobState:
+        """Accept a member or its lowercase/CamelCase name."""
+        if isinstance(value, JobState):
+            return value
+        for member in cls:
+            if value in (member.value, member.name):
+                return member
+        from awa.core.errors import ValidationError
+
+        raise ValidationError("state", f"unknown job state {value!r}")
+
+
+#: Bit order of the unique ``states`` bitmask (bit 0 = scheduled), spec §2.1.
+STATE_ORDER: tuple[JobState, ...] = tuple(JobState)
+
+_S = JobState
+#: Every state change the runtime and maintenance make (spec §2.1): a state →
+#: the states it may move to. The SQL statements carry these out; the sets
+#: below are read off this table, so the two cannot drift apart.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _S.Scheduled: frozenset({_S.Available, _S.Cancelled}),        # promoted when due; cancel
+    _S.Retryable: frozenset({_S.Available, _S.Cancelled}),        # promoted when due; cancel
+    _S.Available: frozenset({_S.Running, _S.Cancelled}),          # claimed; cancel
+    _S.Running: frozenset({_S.Completed, _S.Retryable, _S.Failed,  # the handler's outcome,
+                           _S.Scheduled, _S.Cancelled,             # snooze, cancel, rescue
+                           _S.WaitingExternal}),                   # a callback wait
+    _S.WaitingExternal: frozenset({_S.Running, _S.Completed, _S.Failed,  # resume, resolve,
+                                   _S.Available, _S.Retryable,          # retry, timeout
+                                   _S.Cancelled}),
+    _S.Completed: frozenset(), _S.Failed: frozenset(), _S.Cancelled: frozenset(),
+}
+#: What an operator may do besides (admin ``retry``: back to available, attempt 0).
+ADMIN_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _S.Failed: frozenset({_S.Available}),
+    _S.Cancelled: frozenset({_S.Available}),
+    _S.WaitingExternal: frozenset({_S.Available}),
+}
+
+#: States no handler or maintenance pass ever leaves (rows of ``jobs_done``).
+TERMINAL: frozenset[JobState] = frozenset(s for s, to in TRANSITIONS.items() if not to)
+#: States whose rows live in the active table and may still run.
+ACTIVE: frozenset[JobState] = frozenset(set(JobState) - TERMINAL)
+#: Waiting to run, held by no handler: claimable now, or promoted to claimable
+#: when due (what `drain_queue`, admin cancel and batch operations act on).
+QUEUED: frozenset[JobState] = frozenset(
+    s for s, to in TRANSITIONS.items() if to == {_S.Available, _S.Cancelled}) | {_S.Available}
+#: States an admin `retry` may move back to available.
+RETRYABLE_BY_ADMIN: frozenset[JobState] = frozenset(
+    s for s, to in ADMIN_TRANSITIONS.items() if _S.Available in to)
+
+
+def can_transition(source: JobState, target: JobState, *, admin: bool = False) -> bool:
+    """Whether Awa ever moves a job from ``source`` to ``target`` (``admin``: an operator's)."""
+    return target in TRANSITIONS[source] or (
+        admin and target in ADMIN_TRANSITIONS.get(source, frozenset()))
+
+# -- limits (spec §2.3) -----------------------------------------------------
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 1000, 25
+NAME_MAX_LEN = 200  # kind and queue
+TAGS_MAX = 20
+#: The accepted ``run_at`` range (UTC, inclusive). The driver stores Python's
+#: ``datetime.min``/``datetime.max`` as -infinity/+infinity, which no claim or
+#: statistic can subtract from; a day's margin keeps every time zone inside.
+RUN_AT_MIN = datetime(1, 1, 2, tzinfo=UTC)
+RUN_AT_MAX = datetime(9999, 12, 30, tzinfo=UTC)
+#: Deepest nesting of lists and objects accepted in args, metadata and payloads
+#: (deeper JSON cannot be decoded back by Python's json without a RecursionError).
+JSON_MAX_DEPTH = 128
+#: Largest JSON accepted for args, metadata and callback payloads, in bytes
+#: (``AWA_MAX_PAYLOAD_BYTES`` or `awa.set_max_payload_bytes` change it).
+PAYLOAD_MAX_BYTES = 1024 * 1024
+DEFAULT_QUEUE = "default"
+#: scheduled, available, running, completed, retryable.
+UNIQUE_STATES_DEFAULT = 0b0001_1111
+UNIQUE_STATES_MAX = 0b1111_1111
+
+STAGED_FOLLOW_UPS_MAX = 16
+STAGED_FOLLOW_UPS_MAX_BYTES = 64 * 1024
+OUTPUT_MAX_BYTES = 64 * 1024
+
+# -- runtime defaults (spec §2.3) ---------------------------------------------
+# A crashed worker's attempts are rescued within HEARTBEAT_STALENESS + RESCUE_INTERVAL
+# (40 s; plus one leader election, 5 s, when the leader crashed too) and run again after
+# the retry backoff of their attempt (2-2.5 s for a first attempt). The spec's 30/90/30 s
+# meant up to two minutes; measured by tests/chaos (test_recovery_time_with_default_settings).
+HEARTBEAT_INTERVAL = timedelta(seconds=10)
+HEARTBEAT_STALENESS = timedelta(seconds=30)
+RESCUE_INTERVAL = timedelta(seconds=10)
+DEADLINE = timedelta(minutes=5)
+#: Every statement of the runtime's own (claims, completions, heartbeats,
+#: maintenance) gives up after this long, so a half-open connection (a NAT or
+#: proxy that silently stopped forwarding) is dropped instead of hanging a worker.
+RUNTIME_STATEMENT_TIMEOUT = timedelta(seconds=30)
+#: A queue whose claims failed this many times in a row makes `health_check()`
+#: (and ``/readyz``) report the worker unhealthy, naming the queue and the error.
+CLAIM_FAILURES_UNHEALTHY = 3
+#: The LISTEN connection is probed this often (and dropped when the probe times out).
+LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
+#: A busy queue (every slot but a few in use) waits this long for more slots to
+#: free before claiming, so claims come in batches of at least a quarter of
+#: the queue's slots instead of one or two jobs per round trip.
+CLAIM_COALESCE = timedelta(milliseconds=1)
+#: A queue whose handlers average at most this long claims one batch ahead of
+#: its free slots: the next claim's round trip overlaps the running batch
+#: instead of following it. A job claimed ahead waits about one handler run
+#: for its slot, so slower handlers never claim ahead (work would sit here
+#: that another worker could be running).
+CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
+#: The claim is planned once and reused (planning cost as much as running it),
+#: but never for longer than this: a plan is only as good as the table size it
+#: was made for, and one made on an empty table scans a big backlog whole.
+CLAIM_PLAN_LIFETIME = timedelta(seconds=2)
+#: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
+VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
+CALLBACK_TIMEOUT = timedelta(seconds=3600)
+PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
+BACKOFF_CAP = timedelta(hours=24)
+COMPLETED_RETENTION = timedelta(hours=24)
+FAILED_RETENTION = timedelta(hours=72)
+DLQ_RETENTION = timedelta(days=30)

@@ -1,0 +1,490 @@
+"""Enqueue on the application's own connection, in its own transaction (§3.6).
+
+The caller's driver writes the job, so it is visible iff the caller commits.
+async `insert_job`: asyncpg ``Connection`` / pool proxy, psycopg 3
+``AsyncConnection``, SQLAlchemy ``AsyncConnection`` / ``AsyncSession``. sync
+`insert_job_sync`: psycopg 3 ``Connection``, SQLAlchemy ``Connection`` /
+``Session``, Django ``connection`` / ``connections[alias]``.
+
+Optional libraries are never imported: a connection of theirs exists only if the
+application imported them, so their types are looked up in ``sys.modules``.
+Validation is the producer's (before any write). The named statement runs with
+its ``$n`` placeholders rewritten for the driver; JSON travels as text.
+
+Inside a transaction a *unique* job is inserted under a savepoint, so a
+`UniqueConflict` leaves the caller's transaction usable. Any other failure
+aborts the caller's transaction, as Postgres dictates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from awa.core import states, validate
+from awa.core.errors import (
+    AwaError,
+    CallbackNotFound,
+    DatabaseError,
+    SchemaNotMigrated,
+    UniqueConflict,
+)
+from awa.core.model import Job
+from awa.core.options import InsertOptions
+from awa.core.serialize import dumps
+from awa.core.validate import check_text
+from awa.db.errors import UNIQUE_CONSTRAINT, translate
+from awa.db.queries import queries
+from awa.enqueue.producer import prepare
+from awa.telemetry import otel as telemetry
+
+__all__ = [
+    "complete_external_in", "complete_external_in_sync", "fail_external_in",
+    "fail_external_in_sync", "heartbeat_callback_in", "heartbeat_callback_in_sync",
+    "insert_job", "insert_job_sync", "resume_external_in", "resume_external_in_sync",
+    "retry_external_in", "retry_external_in_sync",
+]
+
+_ASYNC_TYPES = ("an asyncpg Connection (or pool connection), a psycopg AsyncConnection, "
+                "or a SQLAlchemy AsyncConnection / AsyncSession")
+_SYNC_TYPES = ("a psycopg Connection, a SQLAlchemy Connection / Session, "
+               "or a Django connection")
+_OPTION_NAMES = InsertOptions.__optional_keys__ | InsertOptions.__required_keys__
+_JSON_COLUMNS = ("args", "metadata", "errors", "progress", "output")
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+_SCHEMA_STATES = {"42P01", "3F000", "42704", "42883"}  # undefined table/schema/object/function
+Style = Literal["dollar", "format"]
+
+
+def to_paramstyle(sql: str, params: Sequence[Any], style: Style) -> tuple[str, tuple[Any, ...]]:
+    """Rewrite Awa's ``$n`` placeholders for a driver; ``format`` repeats reused params."""
+    if style == "dollar":
+        return sql, tuple(params)
+    ordered: list[Any] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        ordered.append(params[int(match.group(1)) - 1])
+        return "%s"
+
+    return _PLACEHOLDER.sub(placeholder, sql.replace("%", "%%")), tuple(ordered)
+
+
+def _module(name: str) -> Any:
+    """An optional library if the application imported it, else None."""
+    return sys.modules.get(name)
+
+
+# -- driver adapters: the only driver-specific code ------------------------------
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Driver(Generic[T]):
+    """How to run a statement on one connection: ``run(sql, params)`` → first row."""
+
+    run: Callable[[str, Sequence[Any]], T]
+    in_transaction: bool  # will a statement run inside a transaction block?
+    json_decoded: bool  # does the driver already turn jsonb into Python values?
+
+
+def _columns(description: Any, row: Any) -> Row | None:
+    return None if row is None else {col[0]: v for col, v in zip(description, row, strict=True)}
+
+
+def _asyncpg(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    async def run(sql: str, params: Sequence[Any]) -> Row | None:
+        row = await conn.fetchrow(sql, *params)
+        return None if row is None else dict(row.items())
+
+    return _Driver(run, bool(conn.is_in_transaction()), json_decoded=False)
+
+
+def _psycopg_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    async def run(sql: str, params: Sequence[Any]) -> Row | None:
+        async with conn.cursor() as cur:
+            await cur.execute(*to_paramstyle(sql, params, "format"))
+            return _columns(cur.description, await cur.fetchone() if cur.description else None)
+
+    return _Driver(run, _psycopg_in_transaction(conn), json_decoded=True)
+
+
+def _cursor_sync(conn: Any, in_transaction: bool, json_decoded: bool) -> _Driver[Row | None]:
+    """psycopg ``Connection`` and Django connections: DB-API cursors, ``%s`` params."""
+    def run(sql: str, params: Sequence[Any]) -> Row | None:
+        with conn.cursor() as cur:
+            cur.execute(*to_paramstyle(sql, params, "format"))
+            return _columns(cur.description, cur.fetchone() if cur.description else None)
+
+    return _Driver(run, in_transaction, json_decoded)
+
+
+def _psycopg_in_transaction(conn: Any) -> bool:
+    # A non-autocommit connection begins implicitly; an autocommit one may be in a block.
+    return not conn.autocommit or conn.info.transaction_status != 0  # 0: IDLE
+
+
+async def _sqlalchemy_async(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    style = _sqlalchemy_style(conn.dialect)
+
+    async def run(sql: str, params: Sequence[Any]) -> Row | None:
+        result = await conn.exec_driver_sql(*to_paramstyle(sql, params, style))
+        return _mapping(result)
+
+    raw = await conn.get_raw_connection()
+    return _Driver(run, not getattr(raw.dbapi_connection, "autocommit", False), True)
+
+
+def _sqlalchemy_sync(conn: Any) -> _Driver[Row | None]:
+    style = _sqlalchemy_style(conn.dialect)
+
+    def run(sql: str, params: Sequence[Any]) -> Row | None:
+        return _mapping(conn.exec_driver_sql(*to_paramstyle(sql, params, style)))
+
+    raw = conn.connection.dbapi_connection
+    return _Driver(run, not getattr(raw, "autocommit", False), True)
+
+
+def _mapping(result: Any) -> Row | None:
+    row = result.mappings().first() if result.returns_rows else None
+    return None if row is None else dict(row)
+
+
+def _sqlalchemy_style(dialect: Any) -> Style:
+    if dialect.name != "postgresql":
+        raise TypeError(f"awa.bridge needs a PostgreSQL engine, not {dialect.name!r}")
+    if dialect.paramstyle == "numeric_dollar":
+        return "dollar"
+    if dialect.paramstyle in ("format", "pyformat"):
+        return "format"
+    raise TypeError(f"awa.bridge: unsupported SQLAlchemy paramstyle {dialect.paramstyle!r}")
+
+
+def _family(conn: Any) -> str | None:
+    """Which driver family ``conn`` belongs to, without side effects."""
+    if isinstance(conn, asyncpg.Connection | PoolConnectionProxy):
+        return "asyncpg"
+    checks = (("psycopg", "AsyncConnection", "psycopg_async"),
+              ("psycopg", "Connection", "psycopg"),
+              ("sqlalchemy.ext.asyncio", "AsyncSession", "sa_async_session"),
+              ("sqlalchemy.ext.asyncio", "AsyncConnection", "sa_async"),
+              ("sqlalchemy.orm", "Session", "sa_session"),
+              ("sqlalchemy.engine", "Connection", "sa"),
+              ("django.utils.connection", "ConnectionProxy", "django_proxy"),
+              ("django.db.backends.base.base", "BaseDatabaseWrapper", "django"))
+    for module, name, family in checks:
+        cls = getattr(_module(module), name, None)
+        if isinstance(cls, type) and isinstance(conn, cls):
+            return family
+    return None
+
+
+def _wrong_type(func: str, accepted: str, conn: Any, family: str | None) -> TypeError:
+    cls = type(conn)
+    name = f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins.")
+    hint = ""
+    if family is not None:
+        hint = (" (use insert_job_sync for sync connections)" if func == "insert_job"
+                else " (use insert_job for async connections)")
+    return TypeError(f"Unsupported connection type {name}: {func}() needs {accepted}{hint}")
+
+
+async def _async_driver(conn: Any) -> _Driver[Awaitable[Row | None]]:
+    """The driver of an async connection, or TypeError naming the accepted types."""
+    family = _family(conn)
+    if family == "asyncpg":
+        return _asyncpg(conn)
+    if family == "psycopg_async":
+        return _psycopg_async(conn)
+    if family == "sa_async_session":
+        return await _sqlalchemy_async(await conn.connection())
+    if family == "sa_async":
+        return await _sqlalchemy_async(conn)
+    raise _wrong_type("insert_job", _ASYNC_TYPES, conn, family)
+
+
+def _sync_driver(conn: Any) -> _Driver[Row | None]:
+    """The driver of a sync connection, or TypeError naming the accepted types."""
+    family = _family(conn)
+    if family == "psycopg":
+        return _cursor_sync(conn, _psycopg_in_transaction(conn), json_decoded=True)
+    if family == "sa_session":
+        return _sqlalchemy_sync(conn.connection())
+    if family == "sa":
+        return _sqlalchemy_sync(conn)
+    if family == "django_proxy":  # django.db.connection: this thread's default connection
+        conn, family = _module("django.db").connections[conn.alias], "django"
+    if family == "django":
+        if conn.vendor != "postgresql":
+            raise TypeError(f"awa.bridge needs a PostgreSQL database, not {conn.vendor!r}")
+        # Django loads jsonb as text (JSONField decodes it).
+        return _cursor_sync(conn, not conn.get_autocommit(), json_decoded=False)
+    raise _wrong_type("insert_job_sync", _SYNC_TYPES, conn, family)
+
+
+# -- errors and rows -----------------------------------------------------------
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The error, what it wraps (SQLAlchemy ``.orig``, Django ``__cause__``), and so on."""
+    seen: list[BaseException] = []
+    todo: list[Any] = [exc]
+    while todo and len(seen) < 8:
+        err = todo.pop(0)
+        if isinstance(err, BaseException) and err not in seen:
+            seen.append(err)
+            todo += [getattr(err, "orig", None), err.__cause__]
+    return seen
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    bases = [getattr(_module(m), n, None) for m, n in (
+        ("psycopg", "Error"), ("psycopg2", "Error"), ("sqlalchemy.exc", "DBAPIError"),
+        ("django.db", "Error"))]
+    kinds = tuple(b for b in bases if isinstance(b, type))
+    return isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, *kinds))
+
+
+def _translate(exc: Exception) -> AwaError | None:
+    """The Awa error for a failure of any supported driver, else None."""
+    for err in _chain(exc):
+        if isinstance(err, AwaError):
+            return err
+        if isinstance(err, asyncpg.PostgresError | asyncpg.InterfaceError):
+            return translate(err)
+        diag = getattr(err, "diag", None)  # psycopg 3 and psycopg2
+        sqlstate = getattr(err, "sqlstate", None) or getattr(err, "pgcode", None)
+        if diag is not None and sqlstate:
+            if sqlstate == "23505" and diag.constraint_name == UNIQUE_CONSTRAINT:
+                detail = diag.message_detail or ""
+                holder = int(detail) if detail.isdigit() else None
+                suffix = f" (held by job {holder})" if holder is not None else ""
+                return UniqueConflict(f"a job with the same unique key already exists{suffix}",
+                                      conflicting_job_id=holder)
+            if sqlstate in _SCHEMA_STATES:
+                return SchemaNotMigrated(f"the Awa schema is missing or out of date ({err}); "
+                                         "run `awa migrate` or `client.migrate()`")
+    if any(_is_driver_error(err) for err in _chain(exc)):
+        return DatabaseError(f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _decoded(row: dict[str, Any], json_decoded: bool) -> dict[str, Any]:
+    """Normalize a row from any driver: JSON text → values, memoryview → bytes."""
+    for name in _JSON_COLUMNS:
+        value = row.get(name)
+        # args/metadata are always objects; other columns may hold a JSON string.
+        if isinstance(value, str) and (name in ("args", "metadata") or not json_decoded):
+            row[name] = json.loads(value)
+    for name, value in row.items():
+        if isinstance(value, memoryview):
+            row[name] = value.tobytes()
+    return row
+
+
+def _job_dict(row: dict[str, Any] | None) -> dict[str, Any]:
+    """A `Job`'s fields as a dict with Python values (``state`` as its lowercase name)."""
+    if row is None:
+        raise DatabaseError("the insert returned no row")
+    job = Job.from_row(row)
+    # The row's own names and values: times as datetimes (``run_at``, not ``run_at_datetime``).
+    out = {f.name.removesuffix("_datetime"): getattr(job, f.name)
+           for f in dataclasses.fields(job)}
+    out["state"] = str(job.state)
+    out["traceparent"] = job.traceparent
+    return out
+
+
+# -- the shared statement runners ------------------------------------------------
+
+_SAVEPOINT = "SAVEPOINT awa_bridge"
+_UNDO = ("ROLLBACK TO SAVEPOINT awa_bridge", "RELEASE SAVEPOINT awa_bridge")
+
+
+def _reraise(exc: Exception) -> NoReturn:
+    err = _translate(exc)
+    if err is None or err is exc:
+        raise exc
+    raise err from exc
+
+
+async def _execute_returning(conn: Any, sql_name: str, params: Sequence[Any], *,
+                             schema: str, savepoint: bool) -> Row | None:
+    """Run a named statement on the caller's async connection; one row or None.
+
+    With ``savepoint`` (and inside a transaction) a failure is rolled back to a
+    savepoint, so the caller's transaction stays usable.
+    """
+    sql = queries(schema)[sql_name]
+    db = await _async_driver(conn)
+    guarded = savepoint and db.in_transaction
+    try:
+        if guarded:
+            await db.run(_SAVEPOINT, ())
+        try:
+            row = await db.run(sql, params)
+        except Exception:
+            for undo in _UNDO if guarded else ():
+                await db.run(undo, ())
+            raise
+        if guarded:
+            await db.run(_UNDO[1], ())
+    except Exception as exc:
+        _reraise(exc)
+    return None if row is None else _decoded(row, db.json_decoded)
+
+
+def _execute_returning_sync(conn: Any, sql_name: str, params: Sequence[Any], *,
+                            schema: str, savepoint: bool) -> Row | None:
+    """The sync twin of `_execute_returning`."""
+    sql = queries(schema)[sql_name]
+    db = _sync_driver(conn)
+    guarded = savepoint and db.in_transaction
+    try:
+        if guarded:
+            db.run(_SAVEPOINT, ())
+        try:
+            row = db.run(sql, params)
+        except Exception:
+            for undo in _UNDO if guarded else ():
+                db.run(undo, ())
+            raise
+        if guarded:
+            db.run(_UNDO[1], ())
+    except Exception as exc:
+        _reraise(exc)
+    return None if row is None else _decoded(row, db.json_decoded)
+
+
+def _check_options(func: str, opts: dict[str, Any]) -> None:
+    unknown = sorted(set(opts) - _OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"{func}() got unexpected keyword argument(s) {unknown}")
+
+
+async def insert_job(conn: Any, args: Any, *, schema: str = "awa",
+                     **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+    """Insert a job on the caller's async connection, in its current transaction."""
+    _check_options("insert_job", dict(opts))
+    job = prepare(args, **opts)
+    row = await _execute_returning(conn, "job_insert", job.insert_params(), schema=schema,
+                                   savepoint=job.unique_key is not None)
+    telemetry.inserted(job.kind, job.queue)
+    return _job_dict(row)
+
+
+def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
+                    **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+    """Insert a job on the caller's sync connection, in its current transaction."""
+    _check_options("insert_job_sync", dict(opts))
+    job = prepare(args, **opts)
+    row = _execute_returning_sync(conn, "job_insert", job.insert_params(), schema=schema,
+                                  savepoint=job.unique_key is not None)
+    telemetry.inserted(job.kind, job.queue)
+    return _job_dict(row)
+
+
+# -- callback resolution in the caller's transaction (spec §3.6) ------------------
+
+
+def _callback_call(action: str, callback_id: Any, arg: Any) -> tuple[str, tuple[Any, ...]]:
+    """The named statement and parameters resolving ``callback_id`` with ``action``."""
+    cid = validate.parse_callback_id(callback_id)
+    if action == "complete":
+        return "callback_complete", (cid, dumps(arg, "payload"), states.COMPLETED_RETENTION)
+    if action == "fail":
+        return "callback_fail", (cid, check_text("error", arg), states.FAILED_RETENTION)
+    if action == "retry":
+        return "callback_retry", (cid,)
+    if action == "resume":
+        return "callback_resume", (cid, dumps(arg, "payload"))
+    return "callback_heartbeat", (cid, validate.check_timeout(arg))
+
+
+def _resolved(row: Row | None, callback_id: Any) -> dict[str, Any]:
+    if row is None:
+        raise CallbackNotFound(f"callback {callback_id} not found, already resolved, "
+                               "or superseded")
+    return _job_dict(row)
+
+
+async def _resolve_in(conn: Any, action: str, callback_id: Any, arg: Any,
+                      schema: str) -> dict[str, Any]:
+    name, params = _callback_call(action, callback_id, arg)
+    row = await _execute_returning(conn, name, params, schema=schema, savepoint=False)
+    return _resolved(row, callback_id)
+
+
+def _resolve_in_sync(conn: Any, action: str, callback_id: Any, arg: Any,
+                     schema: str) -> dict[str, Any]:
+    name, params = _callback_call(action, callback_id, arg)
+    row = _execute_returning_sync(conn, name, params, schema=schema, savepoint=False)
+    return _resolved(row, callback_id)
+
+
+async def complete_external_in(conn: Any, callback_id: str, payload: Any = None, *,
+                               schema: str = "awa") -> dict[str, Any]:
+    """Complete a waiting job in the caller's transaction."""
+    return await _resolve_in(conn, "complete", callback_id, payload, schema)
+
+
+async def fail_external_in(conn: Any, callback_id: str, error: str, *,
+                           schema: str = "awa") -> dict[str, Any]:
+    """Fail a waiting job in the caller's transaction."""
+    return await _resolve_in(conn, "fail", callback_id, error, schema)
+
+
+async def retry_external_in(conn: Any, callback_id: str, *,
+                            schema: str = "awa") -> dict[str, Any]:
+    """Send a waiting job back to available in the caller's transaction."""
+    return await _resolve_in(conn, "retry", callback_id, None, schema)
+
+
+async def resume_external_in(conn: Any, callback_id: str, payload: Any = None, *,
+                             schema: str = "awa") -> dict[str, Any]:
+    """Resume a waiting handler in the caller's transaction (ADR-021)."""
+    return await _resolve_in(conn, "resume", callback_id, payload, schema)
+
+
+async def heartbeat_callback_in(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+                                *, schema: str = "awa") -> dict[str, Any]:
+    """Push a waiting callback's timeout out, in the caller's transaction."""
+    return await _resolve_in(conn, "heartbeat", callback_id, timeout_seconds, schema)
+
+
+def complete_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
+                              schema: str = "awa") -> dict[str, Any]:
+    """Sync `complete_external_in`."""
+    return _resolve_in_sync(conn, "complete", callback_id, payload, schema)
+
+
+def fail_external_in_sync(conn: Any, callback_id: str, error: str, *,
+                          schema: str = "awa") -> dict[str, Any]:
+    """Sync `fail_external_in`."""
+    return _resolve_in_sync(conn, "fail", callback_id, error, schema)
+
+
+def retry_external_in_sync(conn: Any, callback_id: str, *, schema: str = "awa") -> dict[str, Any]:
+    """Sync `retry_external_in`."""
+    return _resolve_in_sync(conn, "retry", callback_id, None, schema)
+
+
+def resume_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
+                            schema: str = "awa") -> dict[str, Any]:
+    """Sync `resume_external_in`."""
+    return _resolve_in_sync(conn, "resume", callback_id, payload, schema)
+
+
+def heartbeat_callback_in_sync(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+                               *, schema: str = "awa") -> dict[str, Any]:
+    """Sync `heartbeat_callback_in`."""
+    return _resolve_in_sync(conn, "heartbeat", callback_id, timeout_seconds, schema)

@@ -1,0 +1,211 @@
+"""Producer: validate and serialize a job, then insert it (one, many, or COPY).
+
+First stop of the pipeline (producer → Postgres → dispatcher → executor →
+completion). Everything a job carries is checked here, before any write, with
+a `ValidationError` naming the field and the rule; the schema repeats the
+checks as a second line. No SQL is built from user input: values travel only
+as bind parameters or COPY data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from awa.core import states
+from awa.core.errors import ValidationError
+from awa.core.model import Job
+from awa.core.serialize import args_to_dict, dumps, unique_key
+from awa.core.states import JobState
+from awa.core.validate import check_int, check_name, check_run_at, check_tags, parse_unique_opts
+from awa.db.errors import translated
+from awa.db.pool import Conn
+from awa.db.queries import Queries
+from awa.telemetry import otel as telemetry
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedJob:
+    """A validated, serialized job, ready for any insert path."""
+
+    kind: str
+    queue: str
+    args: dict[str, Any]
+    args_json: str
+    priority: int
+    max_attempts: int
+    run_at: datetime | None
+    tags: list[str]
+    metadata_json: str
+    unique_key: bytes | None
+    unique_states: int | None
+    ordering_key: str | None
+
+    def insert_params(self) -> tuple[Any, ...]:
+        """Bind parameters of the ``job_insert`` statement, in order."""
+        return (self.kind, self.queue, self.args_json, self.run_at, self.priority,
+                self.max_attempts, self.tags, self.metadata_json, self.unique_key,
+                self.unique_states, self.ordering_key)
+
+    def initial_state(self, now: datetime) -> JobState:
+        """Where the job starts: available unless ``run_at`` is in the future."""
+        return JobState.Scheduled if self.run_at and self.run_at > now else JobState.Available
+
+
+#: A client's registered queue for a kind, for inserts that name no queue.
+Router = Callable[[str], str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+    """Validated insert options, shared by every job of a bulk insert."""
+
+    kind: str | None
+    queue: str | None  #: None: the kind's registered queue (`Router`), else "default"
+    priority: int
+    max_attempts: int
+    tags: list[str]
+    metadata_json: str
+    run_at: datetime | None
+    unique: tuple[bool, bool, int | None, int] | None
+    ordering_key: str | None
+    router: Router | None = None
+
+
+def _options(kind: str | None = None, queue: str | None = None,
+             priority: int = states.PRIORITY_DEFAULT,
+             max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
+             metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
+             unique_opts: Mapping[str, Any] | None = None,
+             ordering_key: str | bytes | None = None, router: Router | None = None
+             ) -> _Options:
+    if kind is not None:
+        check_name("kind", kind)
+    if queue is not None:
+        check_name("queue", queue)
+    check_int("priority", priority, states.PRIORITY_MIN, states.PRIORITY_MAX)
+    check_int("max_attempts", max_attempts, states.MAX_ATTEMPTS_MIN, states.MAX_ATTEMPTS_MAX)
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ValidationError("metadata", "must be a dict")
+    if isinstance(ordering_key, bytes | bytearray | memoryview):  # awa-pg's bytes keys
+        try:
+            ordering_key = bytes(ordering_key).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError("ordering_key", "bytes must be UTF-8 text") from None
+    if ordering_key is not None:
+        check_name("ordering_key", ordering_key)
+    metadata = telemetry.with_traceparent(metadata)  # once per call, not per job
+    return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
+                    tags=check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
+                    run_at=check_run_at(run_at), unique=parse_unique_opts(unique_opts),
+                    ordering_key=ordering_key, router=router)
+
+
+def _with_args(o: _Options, args: Any) -> PreparedJob:
+    derived, args_dict = args_to_dict(args)
+    kind = o.kind if o.kind is not None else derived
+    if kind is None:
+        raise ValidationError("kind", "required when args is a dict")
+    if o.kind is None:
+        check_name("kind", kind)
+    unique = o.unique
+    args_json = dumps(args_dict, "args")  # validates before the key hashes the args
+    queue = o.queue if o.queue is not None else (
+        o.router(kind) if o.router is not None else states.DEFAULT_QUEUE)
+    key = unique_key(kind, queue, args_dict, *unique[:3]) if unique else None
+    return PreparedJob(
+        kind=kind, queue=queue, args=args_dict, args_json=args_json,
+        priority=o.priority, max_attempts=o.max_attempts, run_at=o.run_at, tags=o.tags,
+        metadata_json=o.metadata_json, unique_key=key,
+        unique_states=unique[3] if unique else None, ordering_key=o.ordering_key)
+
+
+def prepare(args: Any, *, kind: str | None = None, queue: str | None = None,
+            priority: int = states.PRIORITY_DEFAULT,
+            max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
+            metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
+            unique_opts: Mapping[str, Any] | None = None,
+            ordering_key: str | bytes | None = None,
+            router: Router | None = None) -> PreparedJob:
+    """Validate and serialize one job; raises before anything is written.
+
+    With no ``queue``, the job goes to ``router(kind)`` (the queue its task is
+    registered on) when a router is given, else to ``"default"``."""
+    options = _options(kind, queue, priority, max_attempts, tags, metadata, run_at,
+                       unique_opts, ordering_key, router)
+    return _with_args(options, args)
+
+
+def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] | None,
+                 defaults: Mapping[str, Any], router: Router | None = None) -> list[PreparedJob]:
+    """Prepare a batch; ``opts[i]`` overrides ``defaults`` for job ``i``."""
+    if opts is not None and len(opts) != len(jobs):
+        raise ValidationError("opts", "must have one entry per job")
+    try:
+        shared = _options(**defaults, router=router)
+    except TypeError as exc:
+        raise TypeError(f"insert options: {exc}") from exc
+    prepared = []
+    for i, args in enumerate(jobs):
+        own = opts[i] if opts is not None else None
+        if not own:
+            prepared.append(_with_args(shared, args))
+            continue
+        try:
+            prepared.append(prepare(args, **{**defaults, **own}, router=router))
+        except TypeError as exc:
+            raise TypeError(f"opts[{i}]: {exc}") from exc
+    return prepared
+
+
+async def insert_one(conn: Conn, q: Queries, job: PreparedJob) -> Job:
+    """Insert one prepared job; raises `UniqueConflict` on a duplicate key."""
+    with translated():
+        row = await conn.fetchrow(q["job_insert"], *job.insert_params())
+    telemetry.inserted(job.kind, job.queue)
+    return Job.from_row(row)
+
+
+_COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", "tags",
+                 "metadata", "unique_key", "unique_states", "ordering_key")
+
+
+def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
+    return [j.insert_params() for j in jobs]
+
+
+async def insert_many(conn: Conn, q: Queries,
+                      jobs: Sequence[PreparedJob]) -> list[Job]:
+    """COPY into a staging table, then insert, skipping duplicate unique keys."""
+    if not jobs:
+        return []
+    with translated():
+        async with conn.transaction():
+            await conn.execute(q["job_staging_create"])
+            await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
+                                             columns=_COPY_COLUMNS)
+            rows = await conn.fetch(q["job_insert_from_staging"])
+    inserted = [Job.from_row(r) for r in rows]
+    telemetry.inserted_jobs(inserted)
+    return inserted
+
+
+async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
+    """The fastest bulk path: binary COPY straight into the jobs table."""
+    if any(j.unique_key is not None for j in jobs):
+        return len(await insert_many(conn, q, jobs))
+    if not jobs:
+        return 0
+    now = datetime.now(UTC)
+    records = [(j.kind, j.queue, j.args_json, j.initial_state(now).value, j.run_at or now,
+                j.priority, j.max_attempts, j.tags, j.metadata_json, j.ordering_key)
+               for j in jobs]
+    with translated():
+        await conn.copy_records_to_table(
+            "jobs", schema_name=q.schema, records=records,
+            columns=("kind", "queue", "args", "state", "run_at", "priority", "max_attempts",
+                     "tags", "metadata", "ordering_key"))
+    telemetry.inserted_jobs(jobs)
+    return len(records)

@@ -1,0 +1,372 @@
+"""Completion: write an attempt's outcome as one lease-guarded statement.
+
+Fourth stop of the pipeline (executor → completion). Completed jobs are
+batched: a single flusher takes everything pending, writes it in one
+statement (each row still guarded by its own run lease), and repeats, so
+batches grow with load and add no delay when idle. Until its batch commits a
+job stays ``running`` in the database and keeps being heartbeated; if the
+process dies first, rescue re-runs it: never marked done without having run.
+Other outcomes are rarer and written one statement each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from awa.core.model import Outcome
+from awa.db.errors import translated
+from awa.db.pool import Conn, HeldConnection
+from awa.db.queries import Queries
+from awa.enqueue.producer import PreparedJob
+from awa.telemetry import otel as telemetry
+from awa.worker.followups import insert_followups
+
+log = logging.getLogger("awa.completion")
+RETRY_DELAYS = (0.05, 0.2, 1.0, 2.0, 5.0)
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A completion waiting for the next flush."""
+
+    lease: int
+    output: str | None
+    followups: tuple[PreparedJob, ...]
+    future: asyncio.Future[bool] | None
+
+
+class Completer:
+    """Writes outcomes; batches completions."""
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, *, completed_retention: timedelta,
+                 failed_retention: timedelta, max_batch: int = 512) -> None:
+        self._pool = pool
+        #: Plain completion batches: one statement at a time, so they keep a connection.
+        self._batch: asyncpg.Pool | HeldConnection = pool
+        self._q = q
+        self._completed_retention = completed_retention
+        self._failed_retention = failed_retention
+        self._max_batch = max_batch
+        self._shard = os.getpid() % 32_000
+        self._pending: dict[int, _Pending] = {}
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self.completed = 0
+        self.stale = 0
+        self.on_flushed: Callable[[], None] | None = None
+        self._to_notify: set[str] = set()
+        self._counts: dict[tuple[str, bool], int] = {}
+        self._waits: dict[str, list[float]] = {}  # queue -> [count, sum ms, max ms]
+        self._counts_task: asyncio.Task[None] | None = None
+        self._notify_task: asyncio.Task[None] | None = None
+
+    def use_pool(self, pool: asyncpg.Pool, batch_pool: asyncpg.Pool | None = None) -> None:
+        """Write through ``pool`` from now on (the runtime's own pool), and plain
+        completion batches through ``batch_pool`` (the claim pool, whose plans are
+        reused: planning cost as much as the batch itself) when given; the flusher
+        keeps one connection of it."""
+        self._pool = pool
+        self._batch = HeldConnection(batch_pool) if batch_pool is not None else pool
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._flusher(), name="awa-completer")
+        self._counts_task = asyncio.create_task(self._count_flusher(), name="awa-counts")
+
+    def count(self, queue: str, outcome: str) -> None:
+        """Count a committed outcome for throughput stats (written about once a second)."""
+        key = (queue, outcome == "completed")
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def observe_wait(self, queue: str, seconds: float) -> None:
+        """Record one pickup latency (claim time minus due time) for the charts."""
+        ms = seconds * 1000.0
+        w = self._waits.get(queue)
+        if w is None:
+            self._waits[queue] = [1, ms, ms]
+        else:
+            w[0] += 1
+            w[1] += ms
+            if ms > w[2]:
+                w[2] = ms
+
+    async def flush_counts(self) -> None:
+        if not self._counts and not self._waits:
+            return
+        counts, self._counts = self._counts, {}
+        waits, self._waits = self._waits, {}
+        queues = sorted({q for q, _ in counts} | set(waits))
+        none = [0, 0.0, 0.0]
+        try:
+            await self._pool.execute(self._q["throughput_add"], queues,
+                                     [counts.get((q, True), 0) for q in queues],
+                                     [counts.get((q, False), 0) for q in queues], self._shard,
+                                     [int(waits.get(q, none)[0]) for q in queues],
+                                     [waits.get(q, none)[1] for q in queues],
+                                     [waits.get(q, none)[2] for q in queues])
+        except Exception:
+            log.warning("could not record throughput counts", exc_info=True)
+
+    async def _count_flusher(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self.flush_counts()
+
+    def pending(self) -> dict[int, int]:
+        """Attempts whose completion is not yet written: id → run lease."""
+        return {job_id: p.lease for job_id, p in self._pending.items()}
+
+    def complete(self, job_id: int, lease: int, output_json: str | None = None,
+                 followups: Sequence[PreparedJob] = (), *,
+                 wait: bool = False) -> asyncio.Future[bool] | None:
+        """Queue a completion; it is written by the next flush.
+
+        With follow-ups (or ``wait``), the returned future resolves once the
+        batch commits: True if this completion (and its follow-ups) committed,
+        False if its lease was stale or the write was given up (the job then
+        stays running for rescue). Without, nothing waits (the fast path).
+        """
+        future = asyncio.get_running_loop().create_future() if followups or wait else None
+        self._pending[job_id] = _Pending(lease, output_json, tuple(followups), future)
+        self._idle.clear()
+        self._wakeup.set()
+        return future
+
+    async def drain(self) -> None:
+        """Wait until every queued completion is written (or its task stopped)."""
+        while self._pending and self._task is not None and not self._task.done():
+            await self._idle.wait()
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Write what is pending (waiting at most ``timeout`` s), then stop.
+
+        Completions still unwritten after the timeout stay ``running`` in the
+        database and are rescued later: never lost, never marked done unrun.
+        """
+        try:
+            await asyncio.wait_for(self.drain(), timeout)
+        except TimeoutError:
+            log.warning("stopping with %d completions unwritten; rescue will re-run them",
+                        len(self._pending))
+        for task in (self._task, self._counts_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self.flush_counts()
+        if isinstance(self._batch, HeldConnection):
+            await self._batch.release()
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._pending:
+                batch = list(self._pending.items())[: self._max_batch]
+                try:
+                    await self._flush(batch)
+                finally:
+                    for job_id, p in batch:
+                        if self._pending.get(job_id) is p:
+                            del self._pending[job_id]
+                        _resolve(p.future, False)
+                    if self.on_flushed is not None:
+                        self.on_flushed()
+            self._idle.set()
+
+    async def _flush(self, batch: list[tuple[int, _Pending]]) -> None:
+        ids = [job_id for job_id, _ in batch]
+        leases = [p.lease for _, p in batch]
+        # The usual batch has no outputs: one NULL to send, not an array of them.
+        outputs = [p.output for _, p in batch] if any(p.output is not None for _, p in batch) \
+            else None
+        with_followups = any(p.followups for _, p in batch)
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                with translated():
+                    if with_followups:
+                        rows = await self._flush_with_followups(batch, ids, leases, outputs)
+                    else:
+                        rows = await self._batch.fetch(
+                            self._q["attempt_complete_batch"], ids, leases, outputs,
+                            self._completed_retention)
+                done = {r["id"] for r in rows}
+                for job_id, p in batch:
+                    _resolve(p.future, job_id in done)
+                self.completed += len(rows)
+                self.stale += len(batch) - len(rows)
+                for r in rows:
+                    self.count(r["queue"], "completed")
+                return
+            except Exception as exc:
+                if with_followups and not _transient(exc):
+                    # A follow-up was rejected: isolate it, one job per transaction.
+                    await self._one_by_one(batch)
+                    return
+                if delay is None:
+                    # Still running in the database: heartbeats stop with the
+                    # process and rescue re-runs these jobs. Nothing is lost.
+                    log.exception("giving up writing %d completions", len(batch))
+                    return
+                log.warning("completion batch failed; retrying in %.2fs", delay, exc_info=True)
+                await asyncio.sleep(delay)
+
+    async def _flush_with_followups(self, batch: list[tuple[int, _Pending]], ids: list[int],
+                                    leases: list[int],
+                                    outputs: list[str | None] | None) -> list[Any]:
+        """One transaction: the batch's completions, then the follow-ups of those
+        that completed (a stale completion brings none of its follow-ups)."""
+        async with self._pool.acquire() as conn:
+            await conn.execute(self._q["tx_begin_deferred_notify"])
+            try:
+                rows = await conn.fetch(self._q["attempt_complete_batch"], ids, leases, outputs,
+                                        self._completed_retention)
+                done = {r["id"] for r in rows}
+                plain: list[PreparedJob] = []
+                for job_id, p in batch:
+                    if job_id not in done or not p.followups:
+                        continue
+                    if any(r.unique_key is not None for r in p.followups):
+                        await insert_followups(conn, self._q, p.followups, trigger_id=job_id)
+                    else:
+                        plain.extend(p.followups)
+                if plain:  # pipelined: one round trip for all of them
+                    await conn.executemany(self._q["job_insert"],
+                                           [r.insert_params() for r in plain])
+                await conn.execute("COMMIT")
+                telemetry.inserted_jobs(plain)
+            except BaseException:
+                if _in_transaction(conn):
+                    await conn.execute("ROLLBACK")
+                raise
+        self.notify(r.queue for job_id, p in batch if job_id in done for r in p.followups)
+        return rows
+
+    async def _one_by_one(self, batch: list[tuple[int, _Pending]]) -> None:
+        for job_id, p in batch:
+            ok = await self.write(job_id, p.lease, Outcome("completed", output_json=p.output),
+                                  None, p.followups)
+            _resolve(p.future, ok)
+            if ok:
+                self.completed += 1
+
+    def _statement(self, job_id: int, lease: int, outcome: Outcome,
+                   progress_json: str | None) -> tuple[str, tuple[object, ...]]:
+        q = self._q
+        if outcome.kind == "completed":
+            return q["attempt_complete_batch"], ([job_id], [lease], [outcome.output_json],
+                                                 self._completed_retention)
+        if outcome.kind == "retry":
+            return q["attempt_retry"], (job_id, lease, outcome.delay, outcome.error,
+                                        progress_json)
+        if outcome.kind == "snooze":
+            return q["attempt_snooze"], (job_id, lease, outcome.delay, progress_json)
+        if outcome.kind == "cancel":
+            return q["attempt_cancel"], (job_id, lease, outcome.error, self._failed_retention,
+                                         progress_json)
+        if outcome.kind == "fail":
+            return q["attempt_fail"], (job_id, lease, outcome.error, self._failed_retention,
+                                       progress_json, outcome.terminal)
+        if outcome.kind == "wait" and outcome.token is not None:
+            return q["callback_park"], (job_id, lease, uuid.UUID(outcome.token), progress_json)
+        raise ValueError(f"cannot write outcome {outcome.kind!r}")
+
+    async def write(self, job_id: int, lease: int, outcome: Outcome,
+                    progress_json: str | None = None,
+                    followups: Sequence[PreparedJob] = ()) -> bool:
+        """Write one outcome (with its follow-ups, atomically); False if the lease was stale.
+
+        Transient failures (deadlock, lost connection) retry the whole transaction
+        with the same follow-ups; a replay of a commit whose acknowledgement was
+        lost finds no running row and inserts nothing.
+        """
+        sql, args = self._statement(job_id, lease, outcome, progress_json)
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                with translated():
+                    if not followups:
+                        row = await self._pool.fetchrow(sql, *args)
+                        telemetry.dead_lettered(row)
+                        return row is not None
+                    async with self._pool.acquire() as conn:
+                        written = await self._write_with_followups(conn, job_id, sql, args,
+                                                                   followups)
+                    if written:
+                        self.notify(r.queue for r in followups)
+                    return written
+            except Exception as exc:
+                if delay is None or not _transient(exc):
+                    # The job stays running; heartbeats stop and rescue re-runs it.
+                    log.exception("giving up writing outcome of job %d", job_id)
+                    return False
+                log.warning("outcome write failed; retrying in %.2fs", delay, exc_info=True)
+                await asyncio.sleep(delay)
+        return False
+
+
+    async def _write_with_followups(self, conn: Conn, job_id: int, sql: str,
+                                    args: tuple[object, ...],
+                                    followups: Sequence[PreparedJob]) -> bool:
+        # One round trip opens the transaction with wake-ups deferred to after commit.
+        await conn.execute(self._q["tx_begin_deferred_notify"])
+        try:
+            row = await conn.fetchrow(sql, *args)
+            if row is None:
+                await conn.execute("ROLLBACK")
+                return False
+            await insert_followups(conn, self._q, followups, trigger_id=job_id)
+            await conn.execute("COMMIT")
+            telemetry.dead_lettered(row)
+            return True
+        except BaseException:
+            if _in_transaction(conn):
+                await conn.execute("ROLLBACK")
+            raise
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Wake the workers of ``queues`` soon (coalesced; sent outside any write)."""
+        self._to_notify.update(queues)
+        if self._notify_task is None or self._notify_task.done():
+            self._notify_task = asyncio.get_running_loop().create_task(self._send_notifies())
+
+    async def _send_notifies(self) -> None:
+        while self._to_notify:
+            queues, self._to_notify = sorted(self._to_notify), set()
+            try:
+                await self._pool.execute(self._q["queue_notify"], queues)
+            except Exception:
+                log.warning("could not notify %s; workers will poll", queues, exc_info=True)
+
+
+def _resolve(future: asyncio.Future[bool] | None, value: bool) -> None:
+    if future is not None and not future.done():  # its waiter may be cancelled (shutdown)
+        future.set_result(value)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth retrying the same transaction: lost connections, deadlocks, serialization."""
+    causes = [exc, exc.__cause__]
+    return any(isinstance(c, asyncpg.DeadlockDetectedError | asyncpg.SerializationError
+                          | asyncpg.PostgresConnectionError | asyncpg.InterfaceError
+                          | asyncpg.InternalClientError
+                          | ConnectionError | OSError | TimeoutError)
+               or (isinstance(c, asyncpg.PostgresError)
+                   and getattr(c, "sqlstate", "").startswith(("08", "57P")))
+               for c in causes if c is not None)
+
+
+def _in_transaction(conn: Conn) -> bool:
+    """Open and inside a transaction (False once the pool took a closed one back)."""
+    try:
+        return not conn.is_closed() and conn.is_in_transaction()
+    except asyncpg.InterfaceError:
+        return False

@@ -1,0 +1,212 @@
+"""Dispatcher: one claim loop per queue.
+
+Second stop of the pipeline (Postgres → dispatcher → executor). It claims as
+many jobs as the queue has free slots (capped by the claim batch size and the
+rate limit) and hands each to the runtime to run. It sleeps until a NOTIFY
+for its queue, a freed slot, or the poll interval, whichever comes first, so
+it works with polling alone when LISTEN is unavailable.
+
+A queue whose handlers are quick also claims one batch ahead of its free
+slots (see `CLAIM_AHEAD_MAX_RUN`), so a claim's round trip overlaps the batch
+running rather than following it. Jobs claimed ahead wait in `ready` and start
+the moment a slot frees; they are heartbeated like running ones, and handed
+back (attempt not counted) if the worker stops before starting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import asyncpg
+
+from awa.core.model import Job
+from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
+from awa.db.pool import HeldConnection
+from awa.db.queries import Queries
+from awa.telemetry import otel as telemetry
+from awa.worker.capacity import Capacity, TokenBucket
+from awa.worker.config import QueueConfig
+
+log = logging.getLogger("awa.dispatcher")
+COALESCE_SECONDS = CLAIM_COALESCE.total_seconds()
+AHEAD_MAX_RUN_SECONDS = CLAIM_AHEAD_MAX_RUN.total_seconds()
+RUN_AVERAGE_WEIGHT = 0.1  # of the newest handler run, in the moving average
+
+
+class Dispatcher:
+    """Claims jobs of one queue into free slots."""
+
+    def __init__(self, cfg: QueueConfig, pool: asyncpg.Pool, q: Queries, capacity: Capacity,
+                 launch: Callable[[Job], None], poll_interval: float,
+                 backlog: Callable[[], bool] = lambda: False,
+                 reject: Callable[[int, int, str], None] = lambda *_: None) -> None:
+        self.cfg = cfg
+        self._db: asyncpg.Pool | HeldConnection = pool  # what claims go through
+        self._q = q
+        self._capacity = capacity
+        self._launch = launch
+        self._backlogged = backlog
+        self._reject = reject
+        self._poll = poll_interval
+        self._limiter = TokenBucket(cfg.rate_limit) if cfg.rate_limit else None
+        self._signal = asyncio.Event()
+        self.last_loop_at = time.monotonic()
+        self.claimed = 0
+        #: Claimed ahead, waiting for a slot (claim order).
+        self.ready: deque[Job] = deque()
+        self._run_average = 2 * AHEAD_MAX_RUN_SECONDS  # unknown handlers count as slow
+        self._stopping: asyncio.Event | None = None
+        #: Claims that failed in a row, and the last one's error (health reports them).
+        self.claim_failures = 0
+        self.last_claim_error: str | None = None
+
+    def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
+        """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
+        if cfg.rate_limit != self.cfg.rate_limit:
+            self._limiter = TokenBucket(cfg.rate_limit) if cfg.rate_limit else None
+        self.cfg = cfg
+        self._poll = poll_interval
+        self.wake()
+
+    def use_pool(self, pool: asyncpg.Pool, keep_connection: bool = False) -> None:
+        """Claim through ``pool`` from now on (the runtime's dedicated claim pool),
+        keeping one of its connections between claims if ``keep_connection``."""
+        self._db = HeldConnection(pool) if keep_connection else pool
+
+    def _min_batch(self) -> int:
+        """Claims of a busy queue wait (once, `CLAIM_COALESCE`) for this many free slots."""
+        return min(self.cfg.claim_batch_size, max(1, self._capacity.limit(self.cfg.name) // 4))
+
+    def wake(self) -> None:
+        """Claim again now (a NOTIFY arrived, a slot freed, or we are stopping)."""
+        self._signal.set()
+
+    def ran(self, seconds: float) -> None:
+        """Record how long one handler of this queue ran (decides claiming ahead)."""
+        self._run_average += RUN_AVERAGE_WEIGHT * (seconds - self._run_average)
+
+    def slot_freed(self) -> None:
+        """A handler of this queue (or, weighted, of any queue) returned."""
+        self._start_ready()
+        self._signal.set()
+
+    def _start_ready(self) -> None:
+        """Start jobs claimed ahead while slots are free."""
+        name = self.cfg.name
+        while self.ready and not self._stopped() and self._capacity.free(name) > 0:
+            self._capacity.acquire(name)
+            self._launch(self.ready.popleft())
+
+    def _stopped(self) -> bool:
+        """The worker is stopping: start nothing more, claim nothing more."""
+        return self._stopping is not None and self._stopping.is_set()
+
+    def _ahead(self) -> int:
+        """How many jobs to claim beyond the free slots."""
+        return self.cfg.claim_batch_size if self._run_average <= AHEAD_MAX_RUN_SECONDS else 0
+
+    def forget(self, job_id: int) -> bool:
+        """Drop a job claimed ahead (cancelled, or rescued elsewhere) before it starts."""
+        for job in self.ready:
+            if job.id == job_id:
+                self.ready.remove(job)
+                return True
+        return False
+
+    def _take_rows(self, rows: list[asyncpg.Record]) -> None:
+        """Queue claimed rows to start; one that cannot become a `Job` (a value no
+        writer of ours stores) is handed to ``reject`` (id, lease, error) to be failed:
+        it must not stop the loop, nor the rest of its batch."""
+        for row in rows:
+            try:
+                self.ready.append(Job.from_claim(row))
+            except Exception as exc:
+                log.error("claimed job %s of %r cannot be decoded: %r", row[0], self.cfg.name,
+                          exc)
+                self._reject(row[0], row[7], f"claimed row cannot be decoded: {exc!r}")
+
+    async def _unclaim(self) -> None:
+        """Hand jobs claimed ahead back to the queue: the worker is stopping."""
+        jobs, self.ready = list(self.ready), deque()
+        if not jobs:
+            return
+        try:
+            await self._db.execute(self._q["attempt_unclaim"], [j.id for j in jobs],
+                                   [j.run_lease for j in jobs])
+        except Exception as exc:  # they stay running, and rescue re-runs them
+            log.warning("could not hand back %d jobs claimed ahead from %r: %r",
+                        len(jobs), self.cfg.name, exc)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Loop until ``stopping`` is set, then hand back jobs claimed ahead."""
+        self._stopping = stopping
+        try:
+            await self._loop()
+        finally:
+            try:
+                await self._unclaim()
+            finally:
+                if isinstance(self._db, HeldConnection):
+                    await self._db.release()
+
+    async def _loop(self) -> None:
+        name = self.cfg.name
+        coalesced = False
+        aging = self.cfg.priority_aging_interval.total_seconds()
+        while not self._stopped():
+            deadline = self.cfg.deadline.total_seconds()  # re-read: overrides change it
+            self.last_loop_at = time.monotonic()
+            self._start_ready()
+            free = self._capacity.free(name)
+            if self._backlogged():
+                free = 0  # completions are not being written as fast as jobs finish
+            want = min(free + self._ahead() - len(self.ready), self.cfg.claim_batch_size)
+            timeout = self._poll
+            if 0 < want < self._min_batch() and not coalesced \
+                    and self._capacity.in_use(name) > 0:
+                coalesced = True  # busy queue: let a few more slots free first, once
+                await asyncio.sleep(COALESCE_SECONDS)
+                continue
+            coalesced = False
+            if self._limiter is not None and want > 0:
+                want = min(want, self._limiter.available())
+                if want == 0:
+                    timeout = min(timeout, self._limiter.wait_time())
+            if want > 0:
+                self._signal.clear()
+                # Reserve the free slots before the round trip, so other queues'
+                # dispatchers cannot hand out the same shared slots meanwhile.
+                reserved = min(want, free)
+                self._capacity.acquire(name, reserved)
+                started = time.perf_counter()
+                try:
+                    rows = await self._db.fetch(self._q["attempt_claim"], name, want,
+                                                deadline, aging)
+                    telemetry.claim_round(name, time.perf_counter() - started)
+                    self.claim_failures, self.last_claim_error = 0, None
+                except Exception as exc:
+                    # Whatever the driver raises (a killed backend can surface as
+                    # InternalClientError), this loop must live on: claim again later.
+                    log.warning("claim from %r failed: %r", name, exc)
+                    self.claim_failures += 1
+                    self.last_claim_error = repr(exc)
+                    rows = []
+                finally:
+                    self._capacity.release(name, reserved)
+                if self._limiter is not None:
+                    self._limiter.take(len(rows))
+                self._take_rows(rows)
+                self._start_ready()
+                self.claimed += len(rows)
+                more = len(rows) == want
+                self._capacity.set_hungry(name, more and want >= free)
+                if more:
+                    continue
+            try:
+                await asyncio.wait_for(self._signal.wait(), timeout)
+            except TimeoutError:
+                pass
