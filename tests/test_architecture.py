@@ -23,9 +23,9 @@ LAYERS: dict[str, int] = {
     "awa.worker": 4,                     # claim -> execute -> complete
     "awa.admin": 5,                      # operator actions from outside a worker
     # surfaces: the public API, the client facade, CLI, web, testing, integrations
-    "awa": 6, "awa._awa": 6, "awa.__main__": 6, "awa.bridge": 6, "awa.callback_contract": 6,
-    "awa.client": 6, "awa.sync": 6, "awa.cli": 6, "awa.web": 6, "awa.testing": 6,
-    "awa.contrib": 6,
+    "awa": 6, "awa._awa": 6, "awa._moved": 6, "awa.__main__": 6, "awa.bridge": 6,
+    "awa.callback_contract": 6, "awa.client": 6, "awa.sync": 6, "awa.cli": 6, "awa.web": 6,
+    "awa.testing": 6, "awa.contrib": 6,
 }
 NAMES = {0: "core", 1: "db/telemetry", 2: "enqueue", 3: "maintenance", 4: "worker",
          5: "admin", 6: "surface"}

@@ -5,7 +5,7 @@ Pipeline: producer → Postgres → dispatcher → executor → completion.
 
 from __future__ import annotations
 
-from awa import web
+from awa import _moved, web
 from awa.admin.dlq import DlqEntry
 from awa.client import AsyncClient
 from awa.core import callback_contract
@@ -63,6 +63,8 @@ from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
 from awa.worker.runtime import HealthCheck, QueueHealth
 
 __version__ = "0.1.0"
+
+_moved.install()
 
 #: `awa-pg` exports its native client as ``RawClient``; here it is `AsyncClient`.
 RawClient = AsyncClient
