@@ -42,6 +42,13 @@ WITH RECURSIVE open AS (
     SELECT set_config('synchronous_commit', 'off', true) = 'off'
            AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
            (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit
+), plain AS (
+    -- Unkeyed jobs to claim at all? A probe of the claim index; without it a
+    -- plan reused from when the queue held only keyed jobs scanned the whole
+    -- table for unkeyed ones (estimated at one row).
+    SELECT (SELECT ok FROM open) AND EXISTS (
+        SELECT 1 FROM awa.jobs
+        WHERE state = 'available' AND queue = $1 AND concurrency_key IS NULL) AS ok
 ), walk(key, taken, take, found, visits, wrapped) AS (
     SELECT h.key, t.taken, least(g.avail, $2), 0::bigint, 1, h.wrap
     FROM (SELECT * FROM (
@@ -107,22 +114,22 @@ WITH RECURSIVE open AS (
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
+      AND (SELECT ok FROM plain)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c2 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
+      AND (SELECT ok FROM plain)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c3 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
+      AND (SELECT ok FROM plain)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c4 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
+      AND (SELECT ok FROM plain)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id, slot FROM (

@@ -38,6 +38,13 @@ ALTER TABLE awa.queues ADD COLUMN key_max_in_flight integer
 -- The grant: at most one job in flight per (key, slot).
 CREATE UNIQUE INDEX jobs_concurrency_slot_idx ON awa.jobs (concurrency_key, concurrency_slot)
     WHERE concurrency_slot IS NOT NULL AND state IN ('running', 'waiting_external');
+-- The claim index splits unkeyed from keyed available jobs (the boolean
+-- second column), so the plain claim reads only unkeyed ones, in its order,
+-- and never steps over a keyed backlog; statements that read available jobs
+-- by queue alone use it as before.
+DROP INDEX awa.jobs_claim_idx;
+CREATE INDEX jobs_claim_idx ON awa.jobs (queue, (concurrency_key IS NULL), priority, run_at, id)
+    WHERE state = 'available';
 -- Keyed claims walk the keys with available jobs in turn, each key's jobs in
 -- claim order. Unkeyed jobs never enter it (nor the slot index).
 CREATE INDEX jobs_concurrency_claim_idx
