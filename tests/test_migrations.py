@@ -91,7 +91,14 @@ async def test_done_table_mirrors_active_table(conn: asyncpg.Connection) -> None
              "AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
     active = [r[0] for r in await conn.fetch(query, "awa.jobs")]
     done = [r[0] for r in await conn.fetch(query, "awa.jobs_done")]
-    assert done == [*active, "prune_after"]
+    dlq = [r[0] for r in await conn.fetch(query, "awa.dlq")]
+    # Columns added after 0001 are appended to each table (PostgreSQL cannot
+    # insert one in the middle): jobs_done is jobs with prune_after after the
+    # 0001 columns, the DLQ jobs_done with its own three after those.
+    first = active.index("callback_timeout_at") + 1
+    assert done == [*active[:first], "prune_after", *active[first:]]
+    assert dlq == [*done[:first + 1], "reason", "dlq_at", "original_run_lease",
+                   *done[first + 1:]]
 
 
 async def test_migrate_sql_for_schema_is_bound() -> None:

@@ -57,6 +57,11 @@ class Job:
     ordering_key: str | None = None
     callback_id: str | None = None
     callback_timeout_at: datetime | None = None
+    #: Per-key concurrency: the key, its max_in_flight (None: the queue's) and
+    #: the slot of its running (or last) attempt. See docs/guide/concurrency-keys.md.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    concurrency_slot: int | None = None
 
     @property
     def run_at(self) -> str:
@@ -101,6 +106,9 @@ class Job:
             unique_key=row["unique_key"], ordering_key=row["ordering_key"],
             callback_id=str(callback_id) if callback_id is not None else None,
             callback_timeout_at=row["callback_timeout_at"],
+            concurrency_key=row.get("concurrency_key"),
+            concurrency_limit=row.get("concurrency_limit"),
+            concurrency_slot=row.get("concurrency_slot"),
         )
 
     @classmethod

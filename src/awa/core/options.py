@@ -19,3 +19,5 @@ class InsertOptions(TypedDict, total=False):
     run_at: datetime | str | None
     unique_opts: Mapping[str, Any] | None
     ordering_key: str | bytes | None
+    concurrency_key: str | None
+    max_in_flight: int | None

@@ -91,6 +91,16 @@ def can_transition(source: JobState, target: JobState, *, admin: bool = False) -
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 1000, 25
 NAME_MAX_LEN = 200  # kind and queue
+#: Per-key concurrency (docs/guide/concurrency-keys.md): the bounds of a key's
+#: max_in_flight, and the limit of a key whose job and queue name none.
+MAX_IN_FLIGHT_MIN, MAX_IN_FLIGHT_MAX, MAX_IN_FLIGHT_DEFAULT = 1, 1_000_000, 1
+#: A keyed claim walks at most this many keys (the next claim goes on from
+#: where it stopped); a queue not configured for keys looks for keyed jobs at
+#: most once per KEY_PROBE_INTERVAL, when its plain claim comes back short, and
+#: goes back to plain claims after KEY_IDLE without claiming a keyed job.
+KEY_WALK_MAX = 500
+KEY_PROBE_INTERVAL = timedelta(seconds=1)
+KEY_IDLE = timedelta(seconds=30)
 TAGS_MAX = 20
 #: The accepted ``run_at`` range (UTC, inclusive). The driver stores Python's
 #: ``datetime.min``/``datetime.max`` as -infinity/+infinity, which no claim or

@@ -164,3 +164,16 @@ def parse_callback_id(callback_id: Any) -> uuid.UUID:
 def check_timeout(timeout_seconds: Any) -> float:
     """A finite, non-negative number of seconds (at most 100 years), else `ValidationError`."""
     return check_seconds("timeout_seconds", timeout_seconds)
+
+
+def check_concurrency(key: Any, max_in_flight: Any) -> tuple[str | None, int | None]:
+    """An insert's ``concurrency_key`` and ``max_in_flight``: a key is a name
+    (1-200 characters); a limit is an integer >= 1 and needs a key."""
+    if key is not None:
+        check_name("concurrency_key", key)
+    if max_in_flight is not None:
+        check_int("max_in_flight", max_in_flight, states.MAX_IN_FLIGHT_MIN,
+                  states.MAX_IN_FLIGHT_MAX)
+        if key is None:
+            raise ValidationError("max_in_flight", "needs a concurrency_key")
+    return key, max_in_flight

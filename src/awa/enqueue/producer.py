@@ -19,7 +19,14 @@ from awa.core.errors import ValidationError
 from awa.core.model import Job
 from awa.core.serialize import args_to_dict, dumps, unique_key
 from awa.core.states import JobState
-from awa.core.validate import check_int, check_name, check_run_at, check_tags, parse_unique_opts
+from awa.core.validate import (
+    check_concurrency,
+    check_int,
+    check_name,
+    check_run_at,
+    check_tags,
+    parse_unique_opts,
+)
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -42,12 +49,16 @@ class PreparedJob:
     unique_key: bytes | None
     unique_states: int | None
     ordering_key: str | None
+    #: Per-key concurrency: the key, and its max_in_flight (None: the queue's).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def insert_params(self) -> tuple[Any, ...]:
         """Bind parameters of the ``job_insert`` statement, in order."""
         return (self.kind, self.queue, self.args_json, self.run_at, self.priority,
                 self.max_attempts, self.tags, self.metadata_json, self.unique_key,
-                self.unique_states, self.ordering_key)
+                self.unique_states, self.ordering_key, self.concurrency_key,
+                self.concurrency_limit)
 
     def initial_state(self, now: datetime) -> JobState:
         """Where the job starts: available unless ``run_at`` is in the future."""
@@ -72,6 +83,7 @@ class _Options:
     unique: tuple[bool, bool, int | None, int] | None
     ordering_key: str | None
     router: Router | None = None
+    concurrency: tuple[str | None, int | None] = (None, None)  #: key, max_in_flight
 
 
 def _options(kind: str | None = None, queue: str | None = None,
@@ -79,7 +91,8 @@ def _options(kind: str | None = None, queue: str | None = None,
              max_attempts: int = states.MAX_ATTEMPTS_DEFAULT, tags: Sequence[str] | None = None,
              metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
              unique_opts: Mapping[str, Any] | None = None,
-             ordering_key: str | bytes | None = None, router: Router | None = None
+             ordering_key: str | bytes | None = None, router: Router | None = None,
+             concurrency_key: str | None = None, max_in_flight: int | None = None
              ) -> _Options:
     if kind is not None:
         check_name("kind", kind)
@@ -96,11 +109,12 @@ def _options(kind: str | None = None, queue: str | None = None,
             raise ValidationError("ordering_key", "bytes must be UTF-8 text") from None
     if ordering_key is not None:
         check_name("ordering_key", ordering_key)
+    concurrency = check_concurrency(concurrency_key, max_in_flight)
     metadata = telemetry.with_traceparent(metadata)  # once per call, not per job
     return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
                     tags=check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
                     run_at=check_run_at(run_at), unique=parse_unique_opts(unique_opts),
-                    ordering_key=ordering_key, router=router)
+                    ordering_key=ordering_key, router=router, concurrency=concurrency)
 
 
 def _with_args(o: _Options, args: Any) -> PreparedJob:
@@ -119,7 +133,8 @@ def _with_args(o: _Options, args: Any) -> PreparedJob:
         kind=kind, queue=queue, args=args_dict, args_json=args_json,
         priority=o.priority, max_attempts=o.max_attempts, run_at=o.run_at, tags=o.tags,
         metadata_json=o.metadata_json, unique_key=key,
-        unique_states=unique[3] if unique else None, ordering_key=o.ordering_key)
+        unique_states=unique[3] if unique else None, ordering_key=o.ordering_key,
+        concurrency_key=o.concurrency[0], concurrency_limit=o.concurrency[1])
 
 
 def prepare(args: Any, *, kind: str | None = None, queue: str | None = None,
@@ -128,13 +143,14 @@ def prepare(args: Any, *, kind: str | None = None, queue: str | None = None,
             metadata: Mapping[str, Any] | None = None, run_at: datetime | str | None = None,
             unique_opts: Mapping[str, Any] | None = None,
             ordering_key: str | bytes | None = None,
-            router: Router | None = None) -> PreparedJob:
+            router: Router | None = None, concurrency_key: str | None = None,
+            max_in_flight: int | None = None) -> PreparedJob:
     """Validate and serialize one job; raises before anything is written.
 
     With no ``queue``, the job goes to ``router(kind)`` (the queue its task is
     registered on) when a router is given, else to ``"default"``."""
     options = _options(kind, queue, priority, max_attempts, tags, metadata, run_at,
-                       unique_opts, ordering_key, router)
+                       unique_opts, ordering_key, router, concurrency_key, max_in_flight)
     return _with_args(options, args)
 
 
@@ -169,7 +185,8 @@ async def insert_one(conn: Conn, q: Queries, job: PreparedJob) -> Job:
 
 
 _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", "tags",
-                 "metadata", "unique_key", "unique_states", "ordering_key")
+                 "metadata", "unique_key", "unique_states", "ordering_key", "concurrency_key",
+                 "concurrency_limit")
 
 
 def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
@@ -200,12 +217,14 @@ async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
         return 0
     now = datetime.now(UTC)
     records = [(j.kind, j.queue, j.args_json, j.initial_state(now).value, j.run_at or now,
-                j.priority, j.max_attempts, j.tags, j.metadata_json, j.ordering_key)
+                j.priority, j.max_attempts, j.tags, j.metadata_json, j.ordering_key,
+                j.concurrency_key, j.concurrency_limit)
                for j in jobs]
     with translated():
         await conn.copy_records_to_table(
             "jobs", schema_name=q.schema, records=records,
             columns=("kind", "queue", "args", "state", "run_at", "priority", "max_attempts",
-                     "tags", "metadata", "ordering_key"))
+                     "tags", "metadata", "ordering_key", "concurrency_key",
+                     "concurrency_limit"))
     telemetry.inserted_jobs(jobs)
     return len(records)

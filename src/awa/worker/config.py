@@ -78,6 +78,9 @@ class QueueConfig:
     deadline: timedelta = states.DEADLINE  #: 0 = no hard deadline
     claim_batch_size: int = 32
     dlq_enabled: bool | None = None  #: None = the runtime's default
+    #: Per-key concurrency: the max_in_flight of this queue's keyed jobs that
+    #: name none (written to awa.queues, so every worker enforces the same).
+    key_max_in_flight: int | None = None
     #: `awa-pg` knobs accepted for compatibility: claim loops per queue (one
     #: dispatcher claims in batches here) and per-queue retention (validated;
     #: the process-wide retention applies, see docs/compatibility.md).
@@ -138,6 +141,12 @@ class QueueConfig:
         if "deadline_duration_ms" in spec:
             kwargs["deadline"] = _ms("deadline_duration_ms", spec["deadline_duration_ms"],
                                      allow_zero=True)
+        if spec.get("key_max_in_flight") is not None:
+            limit = _positive_int("key_max_in_flight", spec["key_max_in_flight"])
+            if limit > states.MAX_IN_FLIGHT_MAX:
+                raise ConfigError(f"key_max_in_flight must be <= {states.MAX_IN_FLIGHT_MAX}",
+                                  field="key_max_in_flight")
+            kwargs["key_max_in_flight"] = limit
         if "dlq_enabled" in spec:
             kwargs["dlq_enabled"] = bool(spec["dlq_enabled"])
         if spec.get("retention") is not None:
@@ -147,7 +156,8 @@ class QueueConfig:
 
 _DICT_KEYS = frozenset({"name", "max_workers", "min_workers", "weight", "rate_limit",
                         "priority_aging_interval_ms", "deadline_duration_ms",
-                        "claim_batch_size", "dlq_enabled", "claimers", "retention"})
+                        "claim_batch_size", "dlq_enabled", "claimers", "retention",
+                        "key_max_in_flight"})
 
 
 def _queue_retention(spec: Any) -> dict[str, timedelta]:

@@ -167,6 +167,16 @@ class JobContext:
     def run_lease(self) -> int:
         return self._job.run_lease
 
+    @property
+    def concurrency_key(self) -> str | None:
+        """The job's concurrency key (docs/guide/concurrency-keys.md), or None."""
+        return self._job.concurrency_key
+
+    @property
+    def concurrency_slot(self) -> int | None:
+        """The slot of its key this attempt runs in (1..max_in_flight), or None."""
+        return self._job.concurrency_slot
+
     # -- controls -----------------------------------------------------------------
     def is_cancelled(self) -> bool:
         """True once the attempt should stop: cancel, rescue, deadline or shutdown."""

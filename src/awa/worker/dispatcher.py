@@ -20,6 +20,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 
@@ -30,6 +31,7 @@ from awa.db.queries import Queries
 from awa.telemetry import otel as telemetry
 from awa.worker.capacity import Capacity, TokenBucket
 from awa.worker.config import QueueConfig
+from awa.worker.keyed import KeyedClaims, job_from_row
 
 log = logging.getLogger("awa.dispatcher")
 COALESCE_SECONDS = CLAIM_COALESCE.total_seconds()
@@ -63,6 +65,8 @@ class Dispatcher:
         #: Claims that failed in a row, and the last one's error (health reports them).
         self.claim_failures = 0
         self.last_claim_error: str | None = None
+        #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
+        self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None)
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
         """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
@@ -117,13 +121,14 @@ class Dispatcher:
                 return True
         return False
 
-    def _take_rows(self, rows: list[asyncpg.Record]) -> None:
+    def _take_rows(self, rows: list[asyncpg.Record],
+                   decode: Callable[[Any], Job] = Job.from_claim) -> None:
         """Queue claimed rows to start; one that cannot become a `Job` (a value no
         writer of ours stores) is handed to ``reject`` (id, lease, error) to be failed:
         it must not stop the loop, nor the rest of its batch."""
         for row in rows:
             try:
-                self.ready.append(Job.from_claim(row))
+                self.ready.append(decode(row))
             except Exception as exc:
                 log.error("claimed job %s of %r cannot be decoded: %r", row[0], self.cfg.name,
                           exc)
@@ -183,9 +188,18 @@ class Dispatcher:
                 reserved = min(want, free)
                 self._capacity.acquire(name, reserved)
                 started = time.perf_counter()
+                # Rows claimed stay claimed even if a later statement here fails.
+                rows: list[asyncpg.Record] = []
+                keyed: list[asyncpg.Record] = []
                 try:
-                    rows = await self._db.fetch(self._q["attempt_claim"], name, want,
-                                                deadline, aging)
+                    if self.keys.active:
+                        keyed = await self.keys.claim(self._db, name, want, deadline, aging)
+                    else:
+                        rows = await self._db.fetch(self._q["attempt_claim"], name, want,
+                                                    deadline, aging)
+                        if len(rows) < want and self.keys.probe_due():
+                            keyed = await self.keys.claim(self._db, name, want - len(rows),
+                                                          deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
                     self.claim_failures, self.last_claim_error = 0, None
                 except Exception as exc:
@@ -194,15 +208,17 @@ class Dispatcher:
                     log.warning("claim from %r failed: %r", name, exc)
                     self.claim_failures += 1
                     self.last_claim_error = repr(exc)
-                    rows = []
                 finally:
                     self._capacity.release(name, reserved)
+                got = len(rows) + len(keyed)
                 if self._limiter is not None:
-                    self._limiter.take(len(rows))
+                    self._limiter.take(got)
                 self._take_rows(rows)
+                if keyed:
+                    self._take_rows(keyed, job_from_row)
                 self._start_ready()
-                self.claimed += len(rows)
-                more = len(rows) == want
+                self.claimed += got
+                more = got == want or (self.keys.active and self.keys.capped)
                 self._capacity.set_hungry(name, more and want >= free)
                 if more:
                     continue

@@ -208,6 +208,11 @@ class Runtime:
         with translated():
             await self._pool.execute(self._q["queue_set_dlq"], [qc.name for qc in queues],
                                      [self.config.dlq_enabled(qc) for qc in queues])
+            keyed = [qc for qc in queues if qc.key_max_in_flight is not None]
+            if keyed:
+                await self._pool.execute(self._q["queue_set_key_limit"],
+                                         [qc.name for qc in keyed],
+                                         [qc.key_max_in_flight for qc in keyed])
             for schedule in schedules.values():
                 await self._pool.execute(self._q["cron_upsert"], *schedule.upsert_params())
 

@@ -7,6 +7,8 @@
 -- interval in seconds, 0 = off), FIFO within a priority. The best candidates
 -- of each raw priority are its oldest, so four short index scans find the
 -- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
+-- Keyed jobs (concurrency_key) are left to attempt_claim_keyed, which gives
+-- each a slot of its key (concurrency.sql).
 -- The claim commits asynchronously: synchronous_commit is turned off for this
 -- statement's own transaction (no session setting, so it works behind
 -- transaction poolers; see docs/architecture.md).
@@ -15,19 +17,23 @@ WITH open AS (
            AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 1 AND (SELECT ok FROM open)
+    WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c2 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 2 AND (SELECT ok FROM open)
+    WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c3 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 3 AND (SELECT ok FROM open)
+    WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), c4 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 4 AND (SELECT ok FROM open)
+    WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM (SELECT * FROM c1 UNION ALL SELECT * FROM c2
@@ -161,11 +167,11 @@ WITH moved AS (
     RETURNING id, queue, kind
 ), dead AS (
     INSERT INTO awa.dlq
-    SELECT f.*, CASE WHEN $6 THEN 'terminal_error' ELSE 'max_attempts_exhausted' END, now(),
-           f.run_lease
-    FROM moved m,
+    SELECT d.* FROM moved m,
         LATERAL awa.finished(m.j, 'failed', $4::interval,
-                             awa.error_entry($3, (m.j).attempt, $6), $5::jsonb) f
+                             awa.error_entry($3, (m.j).attempt, $6), $5::jsonb) f,
+        LATERAL awa.dead_lettered(f, CASE WHEN $6 THEN 'terminal_error'
+                                          ELSE 'max_attempts_exhausted' END) d
     WHERE m.to_dlq
     RETURNING id, queue, kind
 )

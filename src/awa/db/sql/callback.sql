@@ -45,7 +45,8 @@ UPDATE awa.jobs
 SET state = CASE WHEN callback_id = $3 THEN 'waiting_external'
                  ELSE 'available' END::awa.job_state,
     attempt = CASE WHEN callback_id = $3 THEN attempt ELSE greatest(attempt - 1, 0) END,
-    run_at = now(), heartbeat_at = NULL, deadline_at = NULL, progress = coalesce($4, progress)
+    run_at = now(), heartbeat_at = NULL, deadline_at = NULL, progress = coalesce($4, progress),
+    concurrency_slot = NULL  -- a parked job gives its key's slot back (0011)
 WHERE id = $1 AND run_lease = $2 AND state = 'running'
   AND (callback_id = $3 OR (callback_id IS NULL AND metadata->>'awa:resumed_callback' = $3::text))
 RETURNING state
@@ -90,9 +91,10 @@ WITH moved AS (
     RETURNING *
 ), dead AS (
     INSERT INTO awa.dlq
-    SELECT f.*, 'terminal_error', now(), f.run_lease FROM moved m,
+    SELECT d.* FROM moved m,
         LATERAL awa.finished(m.j, 'failed', $3::interval,
-                             awa.error_entry($2, (m.j).attempt, true)) f
+                             awa.error_entry($2, (m.j).attempt, true)) f,
+        LATERAL awa.dead_lettered(f, 'terminal_error') d
     WHERE m.to_dlq
     RETURNING *
 ), both_ AS (
@@ -182,9 +184,10 @@ WITH locked AS (
               'failed'::text AS outcome
 ), dead AS (
     INSERT INTO awa.dlq
-    SELECT f.*, 'callback_timeout', now(), f.run_lease FROM failing m,
+    SELECT d.* FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $2::interval,
-                             awa.error_entry(m.reason, (m.j).attempt, true)) f
+                             awa.error_entry(m.reason, (m.j).attempt, true)) f,
+        LATERAL awa.dead_lettered(f, 'callback_timeout') d
     WHERE m.to_dlq
     RETURNING id, queue, kind, attempt, errors->-1->>'error' AS reason,
               'failed'::text AS outcome

@@ -34,11 +34,12 @@ WITH moved AS (
 )
 INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
                       run_at, created_at, tags, metadata, errors, progress, unique_key,
-                      unique_states, ordering_key)
+                      unique_states, ordering_key, concurrency_key, concurrency_limit)
 SELECT id, kind, coalesce($3, queue), args,
        CASE WHEN $2::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
        coalesce($4, priority), 0, max_attempts, run_lease, coalesce($2::timestamptz, now()),
-       created_at, tags, metadata, errors, progress, unique_key, unique_states, ordering_key
+       created_at, tags, metadata, errors, progress, unique_key, unique_states, ordering_key,
+       concurrency_key, concurrency_limit
 FROM moved ORDER BY id
 RETURNING *
 
@@ -54,7 +55,8 @@ WITH moved AS (
                AND ($5::text IS NULL OR $5 = ANY (tags))))
     RETURNING *
 )
-INSERT INTO awa.dlq SELECT moved.*, $2, now(), moved.run_lease FROM moved
+INSERT INTO awa.dlq
+SELECT d.* FROM moved, LATERAL awa.dead_lettered(moved::awa.jobs_done, $2) d
 RETURNING *
 
 -- name: dlq_purge

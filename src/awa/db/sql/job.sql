@@ -3,10 +3,11 @@
 
 -- name: job_insert
 INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
-                      metadata, unique_key, unique_states, ordering_key)
+                      metadata, unique_key, unique_states, ordering_key, concurrency_key,
+                      concurrency_limit)
 SELECT $1, $2, $3::text::jsonb,
        CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
-       coalesce($4::timestamptz, now()), $5, $6, $7, $8::text::jsonb, $9, $10, $11
+       coalesce($4::timestamptz, now()), $5, $6, $7, $8::text::jsonb, $9, $10, $11, $12, $13
 RETURNING *
 
 -- name: job_staging_create
@@ -22,7 +23,9 @@ CREATE TEMP TABLE awa_job_staging (
     metadata      jsonb,
     unique_key    bytea,
     unique_states smallint,
-    ordering_key  text
+    ordering_key  text,
+    concurrency_key   text,
+    concurrency_limit integer
 ) ON COMMIT DROP
 
 -- name: job_insert_from_staging
@@ -42,9 +45,10 @@ WITH src AS MATERIALIZED (
     RETURNING job_id
 )
 INSERT INTO awa.jobs (id, kind, queue, args, state, run_at, priority, max_attempts, tags,
-                      metadata, unique_key, unique_states, ordering_key)
+                      metadata, unique_key, unique_states, ordering_key, concurrency_key,
+                      concurrency_limit)
 SELECT id, kind, queue, args, state, coalesce(run_at, now()), priority, max_attempts, tags,
-       metadata, unique_key, unique_states, ordering_key
+       metadata, unique_key, unique_states, ordering_key, concurrency_key, concurrency_limit
 FROM src
 WHERE unique_key IS NULL
    OR (unique_states & awa.state_bit(state)) = 0
@@ -118,10 +122,10 @@ FROM done JOIN moved m ON (m.j).id = done.id
 -- its own.
 INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts,
                       run_lease, run_at, created_at, tags, metadata, errors, progress,
-                      unique_key, unique_states, ordering_key)
+                      unique_key, unique_states, ordering_key, concurrency_key, concurrency_limit)
 SELECT id, kind, queue, args, 'available', priority, 0, max_attempts, run_lease,
        now(), created_at, tags, metadata, errors, progress, unique_key,
-       unique_states, ordering_key
+       unique_states, ordering_key, concurrency_key, concurrency_limit
 FROM moved ORDER BY id
 
 -- name: job_retry_finished

@@ -55,9 +55,10 @@ WITH stale AS (
               'failed'::text AS outcome, false AS dlq
 ), dead AS (
     INSERT INTO awa.dlq
-    SELECT f.*, 'max_attempts_exhausted', now(), f.run_lease FROM failing m,
+    SELECT d.* FROM failing m,
         LATERAL awa.finished(m.j, 'failed', $3::interval,
-                             awa.error_entry(m.reason, (m.j).attempt, true)) f
+                             awa.error_entry(m.reason, (m.j).attempt, true)) f,
+        LATERAL awa.dead_lettered(f, 'max_attempts_exhausted') d
     WHERE m.to_dlq
     RETURNING id, queue, kind, attempt, errors->-1->>'error' AS reason,
               'failed'::text AS outcome, true AS dlq

@@ -67,8 +67,10 @@ SELECT
     (SELECT CASE WHEN isfinite(t) THEN date_part('epoch', now()) - date_part('epoch', t) END
      FROM (SELECT min((SELECT run_at FROM awa.jobs
                        WHERE state = 'available' AND queue = $1 AND priority = p
+                         AND (concurrency_key IS NULL) = unkeyed
                        ORDER BY run_at LIMIT 1)) AS t
-           FROM generate_series(1, 4) p) oldest) AS lag_seconds,
+           FROM generate_series(1, 4) p, (VALUES (true), (false)) k(unkeyed)) oldest)
+        AS lag_seconds,
     (SELECT coalesce(sum(completed), 0) FROM awa.queue_throughput
      WHERE queue = $1 AND minute > now() - interval '5 minutes')::float8 / 5 AS completed_per_min,
     (SELECT coalesce(sum(failed), 0) FROM awa.queue_throughput

@@ -1,0 +1,184 @@
+-- Per-key concurrency (migration 0011, docs/guide/concurrency-keys.md).
+--
+-- A keyed job runs in a slot of its key, 1..limit; the unique index
+-- jobs_concurrency_slot_idx admits one job in flight per (key, slot), so no
+-- claim, however it races another, can put more than `limit` jobs of a key in
+-- flight: a claim that picks a slot another claim took meanwhile fails with
+-- unique_violation, and the dispatcher claims again (see worker/keyed.py).
+
+-- fragment: concurrency_key_grant
+-- For the key head `h` (key, lim) the walk just reached: the slots its jobs
+-- in flight hold (`t.taken`) and how many of its available jobs this claim
+-- may take (`g.avail`). A key with a free slot is also try-locked for this
+-- transaction, so two claims racing for one key rarely pick the same slot:
+-- the one that does not get the lock passes the key by this time.
+LATERAL (SELECT array(SELECT r.concurrency_slot FROM awa.jobs r
+                      WHERE r.concurrency_key = h.key AND r.concurrency_slot IS NOT NULL
+                        AND r.state IN ('running', 'waiting_external')) AS taken) t,
+LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
+                      AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
+                                                    hashtext(h.key))
+                     THEN (SELECT count(*) FROM (
+                              SELECT 1 FROM awa.jobs a
+                              WHERE a.state = 'available' AND a.queue = $1
+                                AND a.concurrency_key = h.key
+                              LIMIT h.lim - cardinality(t.taken)) c)
+                     ELSE 0 END AS avail) g
+
+-- name: attempt_claim_keyed
+-- attempt_claim for a queue that holds keyed jobs: up to $2 jobs of queue $1
+-- ($3 deadline seconds, $4 aging interval as in attempt_claim), unkeyed ones
+-- exactly as attempt_claim takes them, keyed ones by walking the keys that
+-- have available jobs in turn (round robin): from the first key after $5
+-- (the cursor the previous claim returned, '' at first) to the last, then
+-- from the first again, at most $6 keys. A key with every slot taken costs
+-- one step and is passed, so a saturated key never holds up the others.
+-- Within a key, jobs go by priority, then age; each takes the lowest free
+-- slot not above its own limit (its max_in_flight, else the queue's
+-- key_max_in_flight, else 1). Returns attempt_claim's columns, then the key,
+-- limit and slot, then the cursor for the next claim and whether the walk
+-- stopped at $6 keys; with nothing claimed, one row whose id is NULL.
+WITH RECURSIVE open AS (
+    SELECT set_config('synchronous_commit', 'off', true) = 'off'
+           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
+           (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit
+), plain AS (
+    -- Unkeyed jobs to claim at all? A probe of the claim index; without it a
+    -- plan reused from when the queue held only keyed jobs scanned the whole
+    -- table for unkeyed ones (estimated at one row).
+    SELECT (SELECT ok FROM open) AND EXISTS (
+        SELECT 1 FROM awa.jobs
+        WHERE state = 'available' AND queue = $1 AND concurrency_key IS NULL) AS ok
+), walk(key, taken, take, found, visits, wrapped) AS (
+    SELECT h.key, t.taken, least(g.avail, $2), 0::bigint, 1, h.wrap
+    FROM (SELECT * FROM (
+              SELECT a.concurrency_key AS key,
+                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
+                     false AS wrap
+              FROM awa.jobs a
+              WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
+                AND a.concurrency_key > $5::text AND (SELECT ok FROM open)
+              ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) after_cursor
+          UNION ALL
+          SELECT * FROM (
+              SELECT a.concurrency_key,
+                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true
+              FROM awa.jobs a
+              WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
+                AND (SELECT ok FROM open)
+              ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) from_start
+          LIMIT 1) h,
+    {{concurrency_key_grant}}
+    UNION ALL
+    SELECT h.key, t.taken, least(g.avail, $2 - w.found - w.take), w.found + w.take,
+           w.visits + 1, w.wrapped OR h.wrap
+    FROM walk w,
+    LATERAL (SELECT * FROM (
+                 SELECT a.concurrency_key AS key,
+                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
+                        false AS wrap
+                 FROM awa.jobs a
+                 WHERE a.state = 'available' AND a.queue = $1
+                   AND a.concurrency_key IS NOT NULL AND a.concurrency_key > w.key
+                 ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) onward
+             UNION ALL
+             SELECT * FROM (
+                 SELECT a.concurrency_key,
+                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true
+                 FROM awa.jobs a
+                 WHERE a.state = 'available' AND a.queue = $1
+                   AND a.concurrency_key IS NOT NULL AND NOT w.wrapped
+                 ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) wrap_around
+             LIMIT 1) h,
+    {{concurrency_key_grant}}
+    WHERE w.found + w.take < $2 AND w.visits < $6
+      -- after wrapping around, stop on reaching the keys the walk began with
+      AND NOT ((w.wrapped OR h.wrap) AND h.key > $5::text)
+), keyed AS (
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, w.taken,
+           row_number() OVER (PARTITION BY w.key ORDER BY x.priority, x.run_at, x.id) AS rn
+    FROM walk w,
+    LATERAL (SELECT a.id, a.priority, a.run_at, a.ordering_key,
+                    coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
+             FROM awa.jobs a
+             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = w.key
+             ORDER BY a.priority, a.run_at, a.id LIMIT w.take
+             FOR UPDATE SKIP LOCKED) x
+    WHERE w.take > 0
+), keyed_slots AS (
+    -- The rn-th lowest slot no job in flight holds (it is at most taken + rn).
+    SELECT k.id, k.priority, k.run_at, k.ordering_key,
+           (SELECT s FROM generate_series(1, cardinality(k.taken) + k.rn::integer) s
+            WHERE s <> ALL (k.taken) ORDER BY s OFFSET k.rn - 1 LIMIT 1) AS slot, k.lim
+    FROM keyed k
+), c1 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c2 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c3 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c4 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id, slot FROM (
+        SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
+        UNION ALL SELECT * FROM c4
+        UNION ALL SELECT id, priority, run_at, ordering_key, slot FROM keyed_slots
+        WHERE slot <= lim) c
+    WHERE c.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM awa.jobs r
+        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
+    ORDER BY CASE WHEN $4::float8 > 0
+                  THEN greatest(1, priority - floor((date_part('epoch', now())
+                                                     - date_part('epoch', run_at)) / $4))
+                  ELSE priority END,
+             run_at, id
+    LIMIT $2
+), claimed AS (
+    UPDATE awa.jobs j
+    SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+        attempted_at = now(), heartbeat_at = now(), concurrency_slot = picked.slot,
+        deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
+    FROM picked WHERE j.id = picked.id
+    RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
+              j.run_lease, date_part('epoch', j.run_at) AS run_at,
+              date_part('epoch', j.created_at) AS created_at,
+              date_part('epoch', j.attempted_at) AS attempted_at,
+              date_part('epoch', j.deadline_at) AS deadline_at,
+              nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
+              j.errors, j.progress, j.unique_key, j.ordering_key,
+              j.concurrency_key, j.concurrency_limit, j.concurrency_slot
+)
+SELECT c.*, w.cursor, w.capped
+FROM (SELECT coalesce((SELECT key FROM walk ORDER BY visits DESC LIMIT 1), $5::text) AS cursor,
+             coalesce((SELECT max(visits) FROM walk), 0) >= $6 AS capped) w
+LEFT JOIN claimed c ON true
+
+-- name: concurrency_running_by_key
+-- Jobs in flight per key of queue $1 (NULL: every queue), with the largest
+-- limit among them: what `queue_stats`-like surfaces show as saturated keys.
+SELECT concurrency_key, count(*) AS in_flight, max(concurrency_limit) AS max_in_flight
+FROM awa.jobs
+WHERE concurrency_slot IS NOT NULL AND state IN ('running', 'waiting_external')
+  AND ($1::text IS NULL OR queue = $1)
+GROUP BY concurrency_key
+ORDER BY count(*) DESC, concurrency_key
+LIMIT $2
+
+-- name: queue_set_key_limit
+-- A worker records the key_max_in_flight of the queues it serves with one.
+INSERT INTO awa.queues (queue, key_max_in_flight)
+SELECT * FROM unnest($1::text[], $2::integer[])
+ON CONFLICT (queue) DO UPDATE SET key_max_in_flight = EXCLUDED.key_max_in_flight

@@ -1,0 +1,100 @@
+"""Keyed claims: per-key concurrency for one queue's dispatcher.
+
+A job inserted with ``concurrency_key`` runs only in a free slot of its key
+(see ``attempt_claim_keyed`` in ``db/sql/concurrency.sql`` and
+docs/guide/concurrency-keys.md). The plain claim (``attempt_claim``) leaves
+keyed jobs alone, so a queue that never sees one pays nothing for the
+feature. A dispatcher uses the keyed claim, which also takes unkeyed jobs,
+while its queue is keyed: always when the queue is configured with
+``key_max_in_flight``, otherwise from the moment a probe finds keyed jobs
+until none has been claimed for `KEY_IDLE`. Probes run only when a plain
+claim comes back short (the queue is not saturated with unkeyed work), and at
+most once per `KEY_PROBE_INTERVAL`.
+
+Two claims racing for the last free slot of a key can pick the same slot
+number (the second statement's snapshot predates the first's commit); the
+unique index refuses the second, which is rolled back and simply claims again
+(`RACE_RETRIES` times, then leaves it to the next loop). That is the
+mechanism working, not a failure, so it is neither logged as one nor counted
+in the queue's claim failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+import asyncpg
+
+from awa.core import states
+from awa.core.model import Job
+from awa.db.queries import Queries
+
+log = logging.getLogger("awa.dispatcher")
+PROBE_SECONDS = states.KEY_PROBE_INTERVAL.total_seconds()
+IDLE_SECONDS = states.KEY_IDLE.total_seconds()
+RACE_RETRIES = 3
+_CLAIM_COLUMNS = 18  # attempt_claim's columns, which Job.from_claim unpacks
+
+
+class _Fetcher(Protocol):
+    async def fetch(self, sql: str, *args: Any) -> list[Any]: ...
+
+
+def job_from_row(row: Any) -> Job:
+    """A `Job` from a row of ``attempt_claim_keyed`` (attempt_claim's columns,
+    then the key, its limit and the slot granted)."""
+    job = Job.from_claim(tuple(row[:_CLAIM_COLUMNS]))
+    job.concurrency_key = row["concurrency_key"]
+    job.concurrency_limit = row["concurrency_limit"]
+    job.concurrency_slot = row["concurrency_slot"]
+    return job
+
+
+class KeyedClaims:
+    """Whether one queue claims with keys, and where its walk over the keys stands."""
+
+    def __init__(self, q: Queries, configured: bool) -> None:
+        self._q = q
+        self.configured = configured
+        self._keyed_until = 0.0  #: monotonic time until which the queue counts as keyed
+        self._next_probe = 0.0
+        self.cursor = ""  #: the key the last walk ended on ('' = from the first)
+        self.capped = False  #: the last walk stopped at KEY_WALK_MAX keys
+        self.races = 0  #: claims refused by the slot index (and claimed again)
+
+    @property
+    def active(self) -> bool:
+        """Claim with keys (the queue is configured for them or recently had some)."""
+        return self.configured or time.monotonic() < self._keyed_until
+
+    def probe_due(self) -> bool:
+        """A short plain claim may look for keyed jobs now (rate-limited)."""
+        now = time.monotonic()
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_SECONDS
+        return True
+
+    async def claim(self, db: _Fetcher, queue: str, want: int, deadline: float,
+                    aging: float) -> list[Any]:
+        """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for `job_from_row`."""
+        for attempt in range(RACE_RETRIES + 1):
+            try:
+                rows = await db.fetch(self._q["attempt_claim_keyed"], queue, want, deadline,
+                                      aging, self.cursor, states.KEY_WALK_MAX)
+                break
+            except asyncpg.UniqueViolationError:
+                self.races += 1
+                if attempt == RACE_RETRIES:
+                    log.debug("keyed claim of %r lost %d slot races; next loop", queue,
+                              RACE_RETRIES + 1)
+                    self.capped = True  # claim again straight away
+                    return []
+        last = rows[-1]
+        self.cursor, self.capped = last["cursor"], last["capped"]
+        claimed = [r for r in rows if r["id"] is not None]
+        if any(r["concurrency_key"] is not None for r in claimed):
+            self._keyed_until = time.monotonic() + IDLE_SECONDS
+        return claimed
