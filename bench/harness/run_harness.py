@@ -326,8 +326,8 @@ def main() -> int:
     started = time.time()
     try:
         for cell in todo:
-            budget = 240 + sum(int(a.split(":")[-1].rstrip("s")) for a in cell["args"]
-                               if "=" in a and ":" in a) * (3 if "--replicas" not in cell["args"] else 3)
+            phase_s = sum(int(a.split(":")[-1].rstrip("s")) for a in cell["args"] if "=" in a and ":" in a)
+            budget = 300 + 2 * phase_s * len(systems)  # generous: a wedged cell must not eat the run
             entry = run_cell(cell, harness=harness, cluster=cluster, systems=systems, rates=rates,
                              raw_dir=raw_dir, logs=logs, timeout_s=budget, sample_every=ns.sample_every)
             entry.update(systems=systems, scale=ns.scale, rates=rates,
@@ -356,6 +356,8 @@ def shrink_run_dir(run_dir: str | None) -> None:
         p = d / name
         if p.is_file() and p.stat().st_size > 300_000:
             p.unlink()
+    for svg in d.glob("plots/*.svg"):  # the PNGs carry the same plots
+        svg.unlink()
 
 
 if __name__ == "__main__":
