@@ -145,9 +145,27 @@ def main() -> int:
     failures: dict[str, str] = {}
     real_run_one = orchestrator.run_one_system
 
+    def terminate_leftovers(system: str) -> None:
+        """A stopped adapter can leave a long query running server-side (seen with
+        awa-pg's depth query); end it so it does not load the next system's run."""
+        try:
+            db = adapters_mod.AdapterManifest.load(reg[system].bench_dir).db_name
+            with psycopg.connect(pg_url("postgres"), autocommit=True, connect_timeout=5) as conn:
+                rows = conn.execute(
+                    "SELECT pid, now() - query_start, left(query, 120) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()", (db,)).fetchall()
+                for pid, age, q in rows:
+                    print(f"[native-driver] terminating leftover backend of {system}: pid={pid} "
+                          f"running {age}: {q!r}", file=sys.stderr, flush=True)
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        except Exception as exc:  # noqa: BLE001
+            print(f"[native-driver] leftover check failed: {exc}", file=sys.stderr)
+
     def run_one_guarded(system: str, **kw):
         try:
-            return real_run_one(system, **kw)
+            result = real_run_one(system, **kw)
+            terminate_leftovers(system)
+            return result
         except Exception as exc:  # noqa: BLE001
             failures[system] = f"{type(exc).__name__}: {exc}"
             print(f"[native-driver] {system} FAILED: {exc}", file=sys.stderr, flush=True)
