@@ -190,6 +190,7 @@ class Adapter:
         self.seq = INSTANCE * 1_000_000_000
         self.enqueued = 0
         self.completed = 0
+        self.claimed = 0
         self.enqueue_errors = 0
         self.depth = 0
         self.running = 0
@@ -256,6 +257,7 @@ class Adapter:
         @self.worker.task(HarnessJob, queue=QUEUE)
         async def handle(job):  # noqa: ANN001
             args = job.args
+            self.claimed += 1
             self.claim_hist.record(max(0.0, (time.time() - args.t0) * 1000.0))
             if work_s:
                 await asyncio.sleep(work_s)
@@ -285,7 +287,6 @@ class Adapter:
             return
         self.producer_hist.record((time.monotonic() - began) * 1000.0)
         self.enqueued += inserted if isinstance(inserted, int) else n
-        self.depth += n
 
     async def produce_harness_paced(self) -> None:
         loop = asyncio.get_running_loop()
@@ -341,18 +342,25 @@ class Adapter:
                 await self.insert(take)
 
     async def produce_depth_target(self) -> None:
+        # Control on a local estimate (inserted - claimed by this process): exact
+        # for the single-replica peak cell, and free.  queue_stats() is only the
+        # observer's metric: on awa-pg it takes seconds at depth 4000 (NOTES.md),
+        # which would starve a producer that waited for it.
         self.target_rate_now = 0.0
         while not self.shutdown.is_set():
-            if not self.depth_known or self.depth >= self.target_depth:
-                await asyncio.sleep(0.02)
+            local_depth = self.enqueued - self.claimed
+            if local_depth >= self.target_depth:
+                await asyncio.sleep(0.005)
                 continue
-            await self.insert(min(self.batch_max, self.target_depth - self.depth))
+            await self.insert(min(self.batch_max, self.target_depth - local_depth))
 
     # -- observation
 
     async def poll_depth(self) -> None:
+        """The observer's queue_depth / running_depth, from queue_stats() once per
+        sample period (instance 0 only)."""
         assert self.producer is not None
-        needed = INSTANCE == 0 or self.producer_mode == "depth-target"
+        needed = INSTANCE == 0
         while not self.shutdown.is_set():
             if needed:
                 began = time.monotonic()
@@ -365,8 +373,7 @@ class Adapter:
                     self.depth_poll_hist.record((time.monotonic() - began) * 1000.0)
                 except Exception as exc:  # noqa: BLE001
                     log(f"queue_stats failed: {exc!r}")
-                    await asyncio.sleep(0.5)
-            await asyncio.sleep(0.25)
+            await self._sleep(self.sample_every)
 
     async def sample(self) -> None:
         # Align the first tick to the next wall-clock SAMPLE_EVERY_S boundary.

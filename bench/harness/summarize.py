@@ -64,7 +64,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ns = ap.parse_args()
-    out: Path = ns.out
+    out: Path = ns.out.resolve()
     index = json.loads((out / "run_index.json").read_text())
     cells: dict[str, dict] = {}
     for entry in index:
