@@ -120,6 +120,13 @@ def cells(scale: float) -> list[dict]:
              args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("pressure_1", "high-load", 45),
                          ("recovery_1", "clean", 35))
              + ["--producer-rate", "{burst_rate}", "--worker-count", "64"]),
+        # Not in the default set: chaos_postgres_restart at the harness's own
+        # lengths (Postgres down 30 s), to see what happens past Awa's ~8 s
+        # completion-retry budget.  `--cells extra --systems awa --scale 1`.
+        dict(name="chaos_postgres_restart_long", group="extra",
+             args=["--phase", "warmup=warmup:30s", "--phase", "baseline=clean:60s",
+                   "--phase", "restart=postgres-restart:60s", "--phase", "recovery=clean:60s",
+                   "--producer-rate", "{chaos_rate}", "--replicas", "1"]),
         # long_horizon: same phase sequence, minutes -> seconds-scale.
         dict(name="long_horizon", group="long",
              args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("idle_1", "idle-in-tx", 30),
