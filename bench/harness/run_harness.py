@@ -350,7 +350,8 @@ def main() -> int:
 
 
 def shrink_run_dir(run_dir: str | None) -> None:
-    """Keep what a reader needs in git: gzip raw.csv, drop the big HTML report."""
+    """Keep what a reader needs in git: gzip raw.csv, drop the big HTML report and
+    all but four of the harness's per-run plots."""
     if not run_dir:
         return
     d = Path(run_dir)
@@ -363,8 +364,10 @@ def shrink_run_dir(run_dir: str | None) -> None:
         p = d / name
         if p.is_file() and p.stat().st_size > 300_000:
             p.unlink()
-    for svg in d.glob("plots/*.svg"):  # the PNGs carry the same plots
-        svg.unlink()
+    keep = {"throughput.png", "claim_p99.png", "dead_tuples.png", "queue_depth.png"}
+    for plot in d.glob("plots/*"):  # the rest of the harness's plots: regenerate from raw.csv.gz
+        if plot.name not in keep:
+            plot.unlink()
 
 
 if __name__ == "__main__":
