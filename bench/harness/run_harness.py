@@ -2,7 +2,7 @@
 """One command: the postgresql-job-queue-benchmarking harness for awa, awa-pg
 and procrastinate, natively (no docker), side by side.
 
-    python bench/harness/run_harness.py                # everything (~45-50 min on 2 cores)
+    python bench/harness/run_harness.py                # everything at --scale 0.7 (~40 min on 2 cores)
     python bench/harness/run_harness.py --cells peak   # one group
     python bench/harness/run_harness.py --harness /tmp/pqjb --scale 0.5
 
@@ -299,7 +299,8 @@ def main() -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--cells", default="peak,chaos,pressure,long",
                     help="groups (peak, chaos, pressure, long) or cell names, comma-separated")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply every phase length")
+    ap.add_argument("--scale", type=float, default=0.7,
+                    help="multiply every phase length (0.7: the committed run, ~36 min on 2 cores)")
     ap.add_argument("--chaos-rate", type=int, default=200, help="jobs/s offered in 1-replica chaos cells")
     ap.add_argument("--pressure-rate", type=int, default=200, help="jobs/s offered in pressure cells")
     ap.add_argument("--sample-every", type=int, default=2)
