@@ -62,8 +62,9 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
 def cells(scale: float) -> list[dict]:
     """The harness's cells, with phase lengths multiplied by ``scale``.
 
-    scale=1 is the shortened form we ran (see NOTES.md for the harness's
-    own lengths); every phase keeps its type and order.
+    scale=1 gives the lengths in NOTES.md's table (already much shorter than the
+    harness's own); the committed run used the default 0.7.  Every phase keeps
+    its type and order.
     """
 
     def d(seconds: float) -> str:
