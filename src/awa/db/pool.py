@@ -184,6 +184,11 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     return pool
 
 
+def _detached(exc: asyncpg.InterfaceError) -> bool:
+    """True for asyncpg's error on a pool connection it has already taken back."""
+    return "released back to the pool" in str(exc)
+
+
 class HeldConnection:
     """One pool connection kept between the statements of a single sequential
     user (a claim loop, the completion flusher).
@@ -199,17 +204,31 @@ class HeldConnection:
         self._conn: PoolConnectionProxy | None = None
 
     async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        result: list[Any] = await self._run("fetch", sql, args)
+        return result
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        result: str = await self._run("execute", sql, args)
+        return result
+
+    async def _run(self, method: str, sql: str, args: tuple[Any, ...]) -> Any:
         conn = self._conn if self._conn is not None else await self._borrow()
         try:
-            return await conn.fetch(sql, *args)
+            return await getattr(conn, method)(sql, *args)
+        except asyncpg.InterfaceError as exc:
+            if not _detached(exc):
+                await self.release()
+                raise
         except BaseException:
             await self.release()
             raise
-
-    async def execute(self, sql: str, *args: Any) -> str:
-        conn = self._conn if self._conn is not None else await self._borrow()
+        # The server closed the held connection while it sat idle (a restart, a
+        # killed backend): asyncpg already took it back, and nothing was sent.
+        # Borrow a live one and run the statement there, once.
+        self._conn = None
+        conn = await self._borrow()
         try:
-            return await conn.execute(sql, *args)
+            return await getattr(conn, method)(sql, *args)
         except BaseException:
             await self.release()
             raise
