@@ -35,7 +35,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import urlparse
 
 # Never let a file in this directory shadow the library.
@@ -54,9 +54,18 @@ EVENT_TABLES = {
     "awa": ["awa.jobs", "awa.jobs_done_default", "awa.queue_throughput"],
     "awa-pg": [],  # filled in at startup from the engine's own schema
 }
-AWA_PG_TABLES = ("queue_ring_state", "queue_ring_slots", "lease_ring_state", "lease_ring_slots",
-                 "claim_ring_state", "claim_ring_slots", "queue_lanes", "attempt_state",
-                 "deferred_jobs", "dlq_entries")
+AWA_PG_TABLES = (
+    "queue_ring_state",
+    "queue_ring_slots",
+    "lease_ring_state",
+    "lease_ring_slots",
+    "claim_ring_state",
+    "claim_ring_slots",
+    "queue_lanes",
+    "attempt_state",
+    "deferred_jobs",
+    "dlq_entries",
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -73,7 +82,7 @@ def env_int(key: str, default: int) -> int:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def log(msg: str) -> None:
@@ -182,8 +191,10 @@ class Adapter:
         self.batch_ms = max(1, env_int("PRODUCER_BATCH_MS", 25))
         self.work_ms = max(0, env_int("JOB_WORK_MS", 1))
         self.pad = "x" * max(0, env_int("JOB_PAYLOAD_BYTES", 256) - 40)
-        self.harness_paced = (os.environ.get("PRODUCER_PACING", "adapter") == "harness"
-                              and self.producer_mode == "fixed")
+        self.harness_paced = (
+            os.environ.get("PRODUCER_PACING", "adapter") == "harness"
+            and self.producer_mode == "fixed"
+        )
         self.worker_pool = env_int("AWA_WORKER_MAX_CONNECTIONS", 10)
 
         self.shutdown = asyncio.Event()
@@ -213,7 +224,7 @@ class Adapter:
                 try:
                     await admin.migrate()
                     break
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     if attempt == 4:
                         raise
                     log(f"migrate failed ({exc!r}); retrying")
@@ -227,11 +238,14 @@ class Adapter:
                 if status.get("active_engine") != "queue_storage":
                     try:
                         await admin.install_queue_storage()
-                    except Exception as exc:  # noqa: BLE001 - another replica won
+                    except Exception as exc:
                         log(f"install_queue_storage: {exc!r}")
                     status = json.loads(await admin.storage_status())
-                schema = ((status.get("details") or {}).get("schema")
-                          or status.get("prepared_queue_storage_schema") or "awa")
+                schema = (
+                    (status.get("details") or {}).get("schema")
+                    or status.get("prepared_queue_storage_schema")
+                    or "awa"
+                )
                 tables = [f"{schema}.{t}" for t in AWA_PG_TABLES]
                 self.storage_status = status
             return tables
@@ -241,7 +255,7 @@ class Adapter:
     def version(self) -> str:
         from importlib.metadata import PackageNotFoundError, version
 
-        for dist in (("awa-pg",) if FLAVOR == "awa-pg" else ("awa-queue",)):
+        for dist in ("awa-pg",) if FLAVOR == "awa-pg" else ("awa-queue",):
             try:
                 return f"{dist} {version(dist)}"
             except PackageNotFoundError:
@@ -255,7 +269,7 @@ class Adapter:
         work_s = self.work_ms / 1000.0
 
         @self.worker.task(HarnessJob, queue=QUEUE)
-        async def handle(job):  # noqa: ANN001
+        async def handle(job):
             args = job.args
             self.claimed += 1
             self.claim_hist.record(max(0.0, (time.time() - args.t0) * 1000.0))
@@ -279,7 +293,7 @@ class Adapter:
         began = time.monotonic()
         try:
             inserted = await self.producer.enqueue_many_copy(jobs, queue=QUEUE)
-        except Exception as exc:  # noqa: BLE001 - chaos: keep producing
+        except Exception as exc:
             self.enqueue_errors += n
             if self.enqueue_errors <= 5 or self.enqueue_errors % 1000 < n:
                 log(f"insert of {n} failed: {exc!r}")
@@ -296,7 +310,7 @@ class Adapter:
         while not self.shutdown.is_set():
             try:
                 line = await asyncio.wait_for(reader.readline(), timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             if not line:  # stdin closed: fall back to local pacing
                 log("stdin closed; pacing locally")
@@ -371,7 +385,7 @@ class Adapter:
                     self.running = int(mine[0].running) if mine else 0
                     self.depth_known = True
                     self.depth_poll_hist.record((time.monotonic() - began) * 1000.0)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log(f"queue_stats failed: {exc!r}")
             await self._sleep(self.sample_every)
 
@@ -411,16 +425,25 @@ class Adapter:
             rows.append(("enqueue_errors_total", float(self.enqueue_errors), 0.0))
             t = now_iso()
             for metric, value, window in rows:
-                emit({"t": t, "system": SYSTEM, "kind": "adapter", "subject_kind": "adapter",
-                      "subject": "", "metric": metric, "value": round(float(value), 3),
-                      "window_s": window})
+                emit(
+                    {
+                        "t": t,
+                        "system": SYSTEM,
+                        "kind": "adapter",
+                        "subject_kind": "adapter",
+                        "subject": "",
+                        "metric": metric,
+                        "value": round(float(value), 3),
+                        "window_s": window,
+                    }
+                )
             # Next aligned boundary.
             await self._sleep(every - (time.time() % every))
 
     async def _sleep(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self.shutdown.wait(), timeout=max(0.0, seconds))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # -- main
@@ -428,19 +451,34 @@ class Adapter:
     async def run(self) -> None:
         scenario = os.environ.get("SCENARIO", "long_horizon")
         if scenario != "long_horizon":
-            raise SystemExit(f"{SYSTEM} adapter implements SCENARIO=long_horizon only, not {scenario!r}")
+            raise SystemExit(
+                f"{SYSTEM} adapter implements SCENARIO=long_horizon only, not {scenario!r}"
+            )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown.set)
 
         tables = await self.setup()
         db_name = (urlparse(self.url).path or "/").lstrip("/")
-        emit({"kind": "descriptor", "system": SYSTEM, "event_tables": tables, "event_indexes": [],
-              "extensions": [], "version": self.version(),
-              "schema_version": str(getattr(self, "storage_status", {}).get("active_engine", "current")),
-              "db_name": db_name, "started_at": now_iso()})
-        log(f"mode={self.producer_mode} rate={self.base_rate:g} workers={self.worker_count} "
-            f"harness_paced={self.harness_paced} version={self.version()}")
+        emit(
+            {
+                "kind": "descriptor",
+                "system": SYSTEM,
+                "event_tables": tables,
+                "event_indexes": [],
+                "extensions": [],
+                "version": self.version(),
+                "schema_version": str(
+                    getattr(self, "storage_status", {}).get("active_engine", "current")
+                ),
+                "db_name": db_name,
+                "started_at": now_iso(),
+            }
+        )
+        log(
+            f"mode={self.producer_mode} rate={self.base_rate:g} workers={self.worker_count} "
+            f"harness_paced={self.harness_paced} version={self.version()}"
+        )
 
         self.producer = awa.AsyncClient(self.url, max_connections=3)
         await self.start_worker()
@@ -459,13 +497,13 @@ class Adapter:
         try:
             assert self.worker is not None
             await asyncio.wait_for(self.worker.shutdown(timeout_ms=2000), timeout=3.5)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log(f"worker shutdown: {exc!r}")
         for client in (self.worker, self.producer):
             try:
                 if client is not None:
                     await asyncio.wait_for(client.close(), timeout=1.0)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
 

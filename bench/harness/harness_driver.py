@@ -37,7 +37,12 @@ from pathlib import Path
 
 
 def _pg_ctl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    argv = [os.path.join(os.environ["HARNESS_PG_BIN"], "pg_ctl"), "-D", os.environ["HARNESS_PG_DATA"], *args]
+    argv = [
+        os.path.join(os.environ["HARNESS_PG_BIN"], "pg_ctl"),
+        "-D",
+        os.environ["HARNESS_PG_DATA"],
+        *args,
+    ]
     runas = os.environ.get("HARNESS_PG_RUNAS")
     if runas:
         argv = ["runuser", "-u", runas, "--", *argv]
@@ -55,12 +60,13 @@ def main() -> int:
 
     harness = Path(ns.harness).resolve()
     sys.path.insert(0, str(harness))
-    import psycopg  # noqa: PLC0415
-
-    from bench_harness import adapters as adapters_mod  # noqa: PLC0415
-    from bench_harness import orchestrator  # noqa: PLC0415
-    from bench_harness import versions  # noqa: PLC0415
-    from bench_harness.adapters import AdapterEntry, LaunchSpec  # noqa: PLC0415
+    import psycopg
+    from bench_harness import adapters as adapters_mod
+    from bench_harness import (
+        orchestrator,
+        versions,
+    )
+    from bench_harness.adapters import AdapterEntry, LaunchSpec
 
     port = int(os.environ.get("HARNESS_PG_PORT", "15555"))
     venvs = Path(os.environ["HARNESS_VENVS"])
@@ -68,7 +74,9 @@ def main() -> int:
 
     # ---- Postgres: loopback, private cluster
     def pg_url(dbname: str, host: str = "127.0.0.1") -> str:
-        return f"postgresql://{adapters_mod.PG_USER}:{adapters_mod.PG_PASS}@127.0.0.1:{port}/{dbname}"
+        return (
+            f"postgresql://{adapters_mod.PG_USER}:{adapters_mod.PG_PASS}@127.0.0.1:{port}/{dbname}"
+        )
 
     adapters_mod.PG_PORT = port
     adapters_mod.pg_url = pg_url
@@ -79,7 +87,9 @@ def main() -> int:
         last: Exception | None = None
         while time.time() < deadline:
             try:
-                with psycopg.connect(pg_url("postgres"), autocommit=True, connect_timeout=3) as conn:
+                with psycopg.connect(
+                    pg_url("postgres"), autocommit=True, connect_timeout=3
+                ) as conn:
                     conn.execute("SELECT 1").fetchone()
                 return
             except psycopg.Error as exc:
@@ -92,7 +102,14 @@ def main() -> int:
 
     def start_pg(_image: str | None = None) -> None:
         if not pg_running():
-            _pg_ctl("start", "-w", "-t", "60", "-l", os.path.join(os.environ["HARNESS_PG_DATA"], "server.log"))
+            _pg_ctl(
+                "start",
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                os.path.join(os.environ["HARNESS_PG_DATA"], "server.log"),
+            )
         wait_query_ready()
 
     def stop_pg_for_chaos(_image: str | None = None) -> None:
@@ -113,6 +130,7 @@ def main() -> int:
             env = adapters_mod._base_env(manifest, overrides)
             env["PYTHONUNBUFFERED"] = "1"
             return LaunchSpec(argv=[python, "-u", str(script)], env=env, cwd=str(script.parent))
+
         return launch
 
     def no_build(_skip: bool) -> None:
@@ -120,21 +138,39 @@ def main() -> int:
 
     reg = adapters_mod.ADAPTERS
     reg.clear()
-    reg["awa"] = AdapterEntry(bench_dir=adapter_dir / "manifests" / "awa", builder=no_build,
-                              launcher=native(venv_python("awa"), adapter_dir / "awa_adapter.py"))
-    reg["awa-pg"] = AdapterEntry(bench_dir=adapter_dir / "manifests" / "awa-pg", builder=no_build,
-                                 launcher=native(venv_python("awa-pg"), adapter_dir / "awa_pg_adapter.py"))
+    reg["awa"] = AdapterEntry(
+        bench_dir=adapter_dir / "manifests" / "awa",
+        builder=no_build,
+        launcher=native(venv_python("awa"), adapter_dir / "awa_adapter.py"),
+    )
+    reg["awa-pg"] = AdapterEntry(
+        bench_dir=adapter_dir / "manifests" / "awa-pg",
+        builder=no_build,
+        launcher=native(venv_python("awa-pg"), adapter_dir / "awa_pg_adapter.py"),
+    )
     reg["procrastinate"] = AdapterEntry(
-        bench_dir=harness / "procrastinate-bench", builder=no_build,
-        launcher=native(venv_python("procrastinate"), harness / "procrastinate-bench" / "main.py"))
+        bench_dir=harness / "procrastinate-bench",
+        builder=no_build,
+        launcher=native(venv_python("procrastinate"), harness / "procrastinate-bench" / "main.py"),
+    )
 
     def pip_version(venv: str, dist: str):
         def capture() -> dict:
-            out = subprocess.run([venv_python(venv), "-c",
-                                  f"import importlib.metadata as m; print(m.version({dist!r}))"],
-                                 capture_output=True, text=True)
-            return {"source": f"venv harness-{venv}", "package": dist,
-                    "version": out.stdout.strip() or out.stderr.strip()[-200:]}
+            out = subprocess.run(
+                [
+                    venv_python(venv),
+                    "-c",
+                    f"import importlib.metadata as m; print(m.version({dist!r}))",
+                ],
+                capture_output=True,
+                text=True,
+            )
+            return {
+                "source": f"venv harness-{venv}",
+                "package": dist,
+                "version": out.stdout.strip() or out.stderr.strip()[-200:],
+            }
+
         return capture
 
     versions._CAPTURE["awa"] = pip_version("awa", "awa-queue")
@@ -153,12 +189,18 @@ def main() -> int:
             with psycopg.connect(pg_url("postgres"), autocommit=True, connect_timeout=5) as conn:
                 rows = conn.execute(
                     "SELECT pid, now() - query_start, left(query, 120) FROM pg_stat_activity "
-                    "WHERE datname = %s AND pid <> pg_backend_pid()", (db,)).fetchall()
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (db,),
+                ).fetchall()
                 for pid, age, q in rows:
-                    print(f"[native-driver] terminating leftover backend of {system}: pid={pid} "
-                          f"running {age}: {q!r}", file=sys.stderr, flush=True)
+                    print(
+                        f"[native-driver] terminating leftover backend of {system}: pid={pid} "
+                        f"running {age}: {q!r}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"[native-driver] leftover check failed: {exc}", file=sys.stderr)
 
     def run_one_guarded(system: str, **kw):
@@ -166,12 +208,12 @@ def main() -> int:
             result = real_run_one(system, **kw)
             terminate_leftovers(system)
             return result
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             failures[system] = f"{type(exc).__name__}: {exc}"
             print(f"[native-driver] {system} FAILED: {exc}", file=sys.stderr, flush=True)
             try:  # a chaos phase may have left Postgres down
                 start_pg()
-            except Exception as exc2:  # noqa: BLE001
+            except Exception as exc2:
                 print(f"[native-driver] could not restart postgres: {exc2}", file=sys.stderr)
             return {"failed": failures[system]}
 

@@ -2,7 +2,7 @@
 """One command: the postgresql-job-queue-benchmarking harness for awa, awa-pg
 and procrastinate, natively (no docker), side by side.
 
-    python bench/harness/run_harness.py                # everything at --scale 0.7 (~40 min on 2 cores)
+    python bench/harness/run_harness.py  # everything at --scale 0.7 (~40 min on 2 cores)
     python bench/harness/run_harness.py --cells peak   # one group
     python bench/harness/run_harness.py --harness /tmp/pqjb --scale 0.5
 
@@ -26,7 +26,6 @@ What it does:
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import os
@@ -34,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -81,58 +80,200 @@ def cells(scale: float) -> list[dict]:
     return [
         # Phase A peak-throughput cell: depth-target producer keeps 4000 jobs
         # available, so completion rate is the ceiling.  W=32 (the 2-core box).
-        dict(name="peak_throughput", group="peak",
-             args=phases(("warmup", "warmup", 10), ("clean", "clean", 45))
-             + ["--producer-mode", "depth-target", "--producer-rate", "50000",
-                "--target-depth", "4000", "--worker-count", "32"]),
+        dict(
+            name="peak_throughput",
+            group="peak",
+            args=[
+                *phases(("warmup", "warmup", 10), ("clean", "clean", 45)),
+                "--producer-mode",
+                "depth-target",
+                "--producer-rate",
+                "50000",
+                "--target-depth",
+                "4000",
+                "--worker-count",
+                "32",
+            ],
+        ),
         # Phase B chaos: 1 replica for the Postgres-level scenarios, 2 for kills.
-        dict(name="chaos_postgres_restart", group="chaos",
-             args=phases(*chaos_common, ("restart", "postgres-restart", 20), ("recovery", "clean", 25))
-             + ["--producer-rate", "{chaos_rate}", "--replicas", "1"]),
-        dict(name="chaos_pg_backend_kill", group="chaos",
-             args=phases(*chaos_common, ("kills", "pg-backend-kill(rate=2)", 20), ("recovery", "clean", 25))
-             + ["--producer-rate", "{chaos_rate}", "--replicas", "1"]),
-        dict(name="chaos_pool_exhaustion", group="chaos",
-             args=phases(*chaos_common, ("exhaustion", "pool-exhaustion(idle_conns=300)", 20),
-                         ("recovery", "clean", 25))
-             + ["--producer-rate", "{chaos_rate}", "--replicas", "1"]),
-        dict(name="chaos_crash_recovery", group="chaos",
-             args=phases(*chaos_common, ("kill", "kill-worker(instance=0)", 15),
-                         ("restart", "start-worker(instance=0)", 15), ("recovery", "clean", 25))
-             + ["--producer-rate", "{chaos_rate_half}", "--replicas", "2"]),
-        dict(name="chaos_repeated_kills", group="chaos",
-             args=phases(*chaos_common, ("repeated", f"repeated-kill(instance=0,period={period})", 30),
-                         ("recovery", "clean", 25))
-             + ["--producer-rate", "{chaos_rate_half}", "--replicas", "2"]),
+        dict(
+            name="chaos_postgres_restart",
+            group="chaos",
+            args=[
+                *phases(
+                    *chaos_common, ("restart", "postgres-restart", 20), ("recovery", "clean", 25)
+                ),
+                "--producer-rate",
+                "{chaos_rate}",
+                "--replicas",
+                "1",
+            ],
+        ),
+        dict(
+            name="chaos_pg_backend_kill",
+            group="chaos",
+            args=[
+                *phases(
+                    *chaos_common,
+                    ("kills", "pg-backend-kill(rate=2)", 20),
+                    ("recovery", "clean", 25),
+                ),
+                "--producer-rate",
+                "{chaos_rate}",
+                "--replicas",
+                "1",
+            ],
+        ),
+        dict(
+            name="chaos_pool_exhaustion",
+            group="chaos",
+            args=[
+                *phases(
+                    *chaos_common,
+                    ("exhaustion", "pool-exhaustion(idle_conns=300)", 20),
+                    ("recovery", "clean", 25),
+                ),
+                "--producer-rate",
+                "{chaos_rate}",
+                "--replicas",
+                "1",
+            ],
+        ),
+        dict(
+            name="chaos_crash_recovery",
+            group="chaos",
+            args=[
+                *phases(
+                    *chaos_common,
+                    ("kill", "kill-worker(instance=0)", 15),
+                    ("restart", "start-worker(instance=0)", 15),
+                    ("recovery", "clean", 25),
+                ),
+                "--producer-rate",
+                "{chaos_rate_half}",
+                "--replicas",
+                "2",
+            ],
+        ),
+        dict(
+            name="chaos_repeated_kills",
+            group="chaos",
+            args=[
+                *phases(
+                    *chaos_common,
+                    ("repeated", f"repeated-kill(instance=0,period={period})", 30),
+                    ("recovery", "clean", 25),
+                ),
+                "--producer-rate",
+                "{chaos_rate_half}",
+                "--replicas",
+                "2",
+            ],
+        ),
         # Phase C pressure cells (fixed-rate producer for every system).
-        dict(name="pressure_idle_in_tx", group="pressure",
-             args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("idle_1", "idle-in-tx", 35),
-                         ("recovery_1", "clean", 25))
-             + ["--producer-rate", "{pressure_rate}", "--worker-count", "32"]),
-        dict(name="pressure_sustained_high_load", group="pressure",
-             args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("pressure_1", "high-load", 35),
-                         ("recovery_1", "clean", 25))
-             + ["--producer-rate", "{pressure_rate}", "--worker-count", "32"]),
-        dict(name="pressure_active_readers", group="pressure",
-             args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("readers_1", "active-readers", 35),
-                         ("recovery_1", "clean", 25))
-             + ["--producer-rate", "{pressure_rate}", "--worker-count", "32"]),
-        dict(name="pressure_event_burst", group="pressure",
-             args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("pressure_1", "high-load", 45),
-                         ("recovery_1", "clean", 35))
-             + ["--producer-rate", "{burst_rate}", "--worker-count", "64"]),
+        dict(
+            name="pressure_idle_in_tx",
+            group="pressure",
+            args=[
+                *phases(
+                    ("warmup", "warmup", 10),
+                    ("clean_1", "clean", 15),
+                    ("idle_1", "idle-in-tx", 35),
+                    ("recovery_1", "clean", 25),
+                ),
+                "--producer-rate",
+                "{pressure_rate}",
+                "--worker-count",
+                "32",
+            ],
+        ),
+        dict(
+            name="pressure_sustained_high_load",
+            group="pressure",
+            args=[
+                *phases(
+                    ("warmup", "warmup", 10),
+                    ("clean_1", "clean", 15),
+                    ("pressure_1", "high-load", 35),
+                    ("recovery_1", "clean", 25),
+                ),
+                "--producer-rate",
+                "{pressure_rate}",
+                "--worker-count",
+                "32",
+            ],
+        ),
+        dict(
+            name="pressure_active_readers",
+            group="pressure",
+            args=[
+                *phases(
+                    ("warmup", "warmup", 10),
+                    ("clean_1", "clean", 15),
+                    ("readers_1", "active-readers", 35),
+                    ("recovery_1", "clean", 25),
+                ),
+                "--producer-rate",
+                "{pressure_rate}",
+                "--worker-count",
+                "32",
+            ],
+        ),
+        dict(
+            name="pressure_event_burst",
+            group="pressure",
+            args=[
+                *phases(
+                    ("warmup", "warmup", 10),
+                    ("clean_1", "clean", 15),
+                    ("pressure_1", "high-load", 45),
+                    ("recovery_1", "clean", 35),
+                ),
+                "--producer-rate",
+                "{burst_rate}",
+                "--worker-count",
+                "64",
+            ],
+        ),
         # Not in the default set: chaos_postgres_restart at the harness's own
         # lengths (Postgres down 30 s), to see what happens past Awa's ~8 s
         # completion-retry budget.  `--cells extra --systems awa --scale 1`.
-        dict(name="chaos_postgres_restart_long", group="extra",
-             args=["--phase", "warmup=warmup:30s", "--phase", "baseline=clean:60s",
-                   "--phase", "restart=postgres-restart:60s", "--phase", "recovery=clean:60s",
-                   "--producer-rate", "{chaos_rate}", "--replicas", "1"]),
+        dict(
+            name="chaos_postgres_restart_long",
+            group="extra",
+            args=[
+                "--phase",
+                "warmup=warmup:30s",
+                "--phase",
+                "baseline=clean:60s",
+                "--phase",
+                "restart=postgres-restart:60s",
+                "--phase",
+                "recovery=clean:60s",
+                "--producer-rate",
+                "{chaos_rate}",
+                "--replicas",
+                "1",
+            ],
+        ),
         # long_horizon: same phase sequence, minutes -> seconds-scale.
-        dict(name="long_horizon", group="long",
-             args=phases(("warmup", "warmup", 10), ("clean_1", "clean", 15), ("idle_1", "idle-in-tx", 30),
-                         ("recovery_1", "recovery", 30), ("idle_2", "idle-in-tx", 30))
-             + ["--producer-rate", "{pressure_rate}", "--worker-count", "32"]),
+        dict(
+            name="long_horizon",
+            group="long",
+            args=[
+                *phases(
+                    ("warmup", "warmup", 10),
+                    ("clean_1", "clean", 15),
+                    ("idle_1", "idle-in-tx", 30),
+                    ("recovery_1", "recovery", 30),
+                    ("idle_2", "idle-in-tx", 30),
+                ),
+                "--producer-rate",
+                "{pressure_rate}",
+                "--worker-count",
+                "32",
+            ],
+        ),
     ]
 
 
@@ -152,11 +293,15 @@ def ensure_harness(path: Path | None) -> Path:
     src = str(MIRROR) if MIRROR.is_dir() else GITHUB
     log(f"cloning the harness from {src} into {dest}")
     sh(["git", "clone", "-q", "--no-checkout", src, str(dest)])
-    names = subprocess.run(["git", "-C", str(dest), "ls-tree", "-r", "--name-only", "HEAD"],
-                           check=True, capture_output=True, text=True).stdout.split("\n")
+    names = subprocess.run(
+        ["git", "-C", str(dest), "ls-tree", "-r", "--name-only", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
     wanted = [n for n in names if n and not n.startswith("results/")]
     for i in range(0, len(wanted), 200):
-        sh(["git", "-C", str(dest), "checkout", "HEAD", "--", *wanted[i:i + 200]])
+        sh(["git", "-C", str(dest), "checkout", "HEAD", "--", *wanted[i : i + 200]])
     return dest
 
 
@@ -190,8 +335,12 @@ def ensure_venv(name: str, python: str, requirements: list[str], *, reinstall: b
 def ensure_venvs(harness: Path, awa_source: Path, reinstall: bool) -> None:
     VENVS.mkdir(parents=True, exist_ok=True)
     py312 = find_python312()
-    ensure_venv("runner", py312, ["psycopg[binary]>=3.2", "matplotlib>=3.9", "pandas>=2.2",
-                                  "numpy>=2.0", "pydantic>=2"], reinstall=reinstall)
+    ensure_venv(
+        "runner",
+        py312,
+        ["psycopg[binary]>=3.2", "matplotlib>=3.9", "pandas>=2.2", "numpy>=2.0", "pydantic>=2"],
+        reinstall=reinstall,
+    )
     # Our awa: a plain (non-editable) install, so the run measures one fixed tree.
     ensure_venv("awa", sys.executable, [str(awa_source)], reinstall=True)
     ensure_venv("awa-pg", sys.executable, ["awa-pg==0.6.9"], reinstall=reinstall)
@@ -223,16 +372,32 @@ class PrivateCluster:
                 if parent == Path("/"):
                     break
                 os.chmod(parent, os.stat(parent).st_mode | 0o001)
-        sh(self._cmd([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "bench",
-                      "--auth=trust", "-E", "UTF8", "--locale=C"]), stdout=subprocess.DEVNULL)
+        sh(
+            self._cmd(
+                [
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "bench",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+        )
         lines = []
         for line in self.conf.read_text().splitlines():
             if line.strip().startswith("listen_addresses"):
                 continue
             lines.append(line)
         lines += [
-            "", "# run_harness.py overrides: loopback only, private port, sockets in the data dir",
-            "listen_addresses = '127.0.0.1'", f"port = {self.port}",
+            "",
+            "# run_harness.py overrides: loopback only, private port, sockets in the data dir",
+            "listen_addresses = '127.0.0.1'",
+            f"port = {self.port}",
             f"unix_socket_directories = '{self.data}'",
             "synchronous_commit = on",
         ]
@@ -240,39 +405,91 @@ class PrivateCluster:
             fh.write("\n" + "\n".join(lines) + "\n")
 
     def start(self) -> None:
-        sh(self._cmd([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60",
-                      "-l", str(self.data / "server.log"), "start"]), stdout=subprocess.DEVNULL)
+        sh(
+            self._cmd(
+                [
+                    str(PG_BIN / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-w",
+                    "-t",
+                    "60",
+                    "-l",
+                    str(self.data / "server.log"),
+                    "start",
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+        )
 
     def stop(self) -> None:
-        subprocess.run(self._cmd([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast",
-                                  "-w", "stop"]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            self._cmd([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
 
 # ------------------------------------------------------------------- running
 
 
-def run_cell(cell: dict, *, harness: Path, cluster: PrivateCluster, systems: list[str],
-             rates: dict, raw_dir: Path, logs: Path, timeout_s: float, sample_every: int) -> dict:
+def run_cell(
+    cell: dict,
+    *,
+    harness: Path,
+    cluster: PrivateCluster,
+    systems: list[str],
+    rates: dict,
+    raw_dir: Path,
+    logs: Path,
+    timeout_s: float,
+    sample_every: int,
+) -> dict:
     args = [a.format(**rates) for a in cell["args"]]
-    argv = [str(VENVS / "harness-runner" / "bin" / "python"), str(HERE / "harness_driver.py"),
-            "--harness", str(harness), "--results", str(raw_dir), "--",
-            "run", "--systems", ",".join(systems), "--fast", "--skip-build",
-            "--sample-every", str(sample_every), *args]
-    env = {**os.environ,
-           "HARNESS_PG_PORT": str(cluster.port), "HARNESS_PG_BIN": str(PG_BIN),
-           "HARNESS_PG_DATA": str(cluster.data), "HARNESS_PG_RUNAS": cluster.runas,
-           "HARNESS_VENVS": str(VENVS), "HARNESS_ADAPTER_DIR": str(HERE),
-           "HARNESS_CELL": cell["name"],
-           # Every adapter uses its bulk insert path, 128 rows max per call.
-           "PRODUCER_BATCH_MAX": "128", "MPLBACKEND": "Agg"}
+    argv = [
+        str(VENVS / "harness-runner" / "bin" / "python"),
+        str(HERE / "harness_driver.py"),
+        "--harness",
+        str(harness),
+        "--results",
+        str(raw_dir),
+        "--",
+        "run",
+        "--systems",
+        ",".join(systems),
+        "--fast",
+        "--skip-build",
+        "--sample-every",
+        str(sample_every),
+        *args,
+    ]
+    env = {
+        **os.environ,
+        "HARNESS_PG_PORT": str(cluster.port),
+        "HARNESS_PG_BIN": str(PG_BIN),
+        "HARNESS_PG_DATA": str(cluster.data),
+        "HARNESS_PG_RUNAS": cluster.runas,
+        "HARNESS_VENVS": str(VENVS),
+        "HARNESS_ADAPTER_DIR": str(HERE),
+        "HARNESS_CELL": cell["name"],
+        # Every adapter uses its bulk insert path, 128 rows max per call.
+        "PRODUCER_BATCH_MAX": "128",
+        "MPLBACKEND": "Agg",
+    }
     log_path = logs / f"{cell['name']}.log"
     log(f"cell {cell['name']}: {' '.join(args)}")
     started = time.time()
     with open(log_path, "w") as fh:
         fh.write("$ " + " ".join(argv) + "\n")
         fh.flush()
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(harness),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(harness),
+            start_new_session=True,
+        )
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -286,24 +503,50 @@ def run_cell(cell: dict, *, harness: Path, cluster: PrivateCluster, systems: lis
             run_dir = line.split("run_dir=", 1)[1].strip()
     log(f"cell {cell['name']}: rc={rc} in {elapsed:.0f}s -> {run_dir}")
     # Always make sure Postgres is up for the next cell.
-    if subprocess.run(cluster._cmd([str(PG_BIN / "pg_ctl"), "-D", str(cluster.data), "status"]),
-                      stdout=subprocess.DEVNULL).returncode != 0:
+    if (
+        subprocess.run(
+            cluster._cmd([str(PG_BIN / "pg_ctl"), "-D", str(cluster.data), "status"]),
+            stdout=subprocess.DEVNULL,
+        ).returncode
+        != 0
+    ):
         cluster.start()
-    return {"cell": cell["name"], "group": cell["group"], "rc": rc, "elapsed_s": round(elapsed, 1),
-            "run_dir": run_dir, "args": args}
+    return {
+        "cell": cell["name"],
+        "group": cell["group"],
+        "rc": rc,
+        "elapsed_s": round(elapsed, 1),
+        "run_dir": run_dir,
+        "args": args,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--harness", type=Path, default=None, help="clone of postgresql-job-queue-benchmarking")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--harness", type=Path, default=None, help="clone of postgresql-job-queue-benchmarking"
+    )
     ap.add_argument("--awa-source", type=Path, default=REPO, help="what to pip install as our awa")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--cells", default="peak,chaos,pressure,long",
-                    help="groups (peak, chaos, pressure, long) or cell names, comma-separated")
-    ap.add_argument("--scale", type=float, default=0.7,
-                    help="multiply every phase length (0.7: the committed run, ~36 min on 2 cores)")
-    ap.add_argument("--chaos-rate", type=int, default=200, help="jobs/s offered in 1-replica chaos cells")
-    ap.add_argument("--pressure-rate", type=int, default=200, help="jobs/s offered in pressure cells")
+    ap.add_argument(
+        "--cells",
+        default="peak,chaos,pressure,long",
+        help="groups (peak, chaos, pressure, long) or cell names, comma-separated",
+    )
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=0.7,
+        help="multiply every phase length (0.7: the committed run, ~36 min on 2 cores)",
+    )
+    ap.add_argument(
+        "--chaos-rate", type=int, default=200, help="jobs/s offered in 1-replica chaos cells"
+    )
+    ap.add_argument(
+        "--pressure-rate", type=int, default=200, help="jobs/s offered in pressure cells"
+    )
     ap.add_argument("--sample-every", type=int, default=2)
     ap.add_argument("--port", type=int, default=15555)
     ap.add_argument("--out", type=Path, default=BENCH / "results" / "harness")
@@ -317,8 +560,12 @@ def main() -> int:
         ensure_venvs(harness, ns.awa_source.resolve(), ns.reinstall)
     wanted = set(ns.cells.split(","))
     todo = [c for c in cells(ns.scale) if c["group"] in wanted or c["name"] in wanted]
-    rates = {"chaos_rate": ns.chaos_rate, "chaos_rate_half": max(1, ns.chaos_rate // 2),
-             "pressure_rate": ns.pressure_rate, "burst_rate": int(ns.pressure_rate * 1.5)}
+    rates = {
+        "chaos_rate": ns.chaos_rate,
+        "chaos_rate_half": max(1, ns.chaos_rate // 2),
+        "pressure_rate": ns.pressure_rate,
+        "burst_rate": int(ns.pressure_rate * 1.5),
+    }
 
     out = ns.out
     raw_dir = out / "runs"
@@ -335,19 +582,43 @@ def main() -> int:
     started = time.time()
     try:
         for cell in todo:
-            phase_s = sum(int(a.split(":")[-1].rstrip("s")) for a in cell["args"] if "=" in a and ":" in a)
-            budget = 300 + 2 * phase_s * len(systems)  # generous: a wedged cell must not eat the run
-            entry = run_cell(cell, harness=harness, cluster=cluster, systems=systems, rates=rates,
-                             raw_dir=raw_dir, logs=logs, timeout_s=budget, sample_every=ns.sample_every)
-            entry.update(systems=systems, scale=ns.scale, rates=rates,
-                         finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            phase_s = sum(
+                int(a.split(":")[-1].rstrip("s")) for a in cell["args"] if "=" in a and ":" in a
+            )
+            budget = 300 + 2 * phase_s * len(
+                systems
+            )  # generous: a wedged cell must not eat the run
+            entry = run_cell(
+                cell,
+                harness=harness,
+                cluster=cluster,
+                systems=systems,
+                rates=rates,
+                raw_dir=raw_dir,
+                logs=logs,
+                timeout_s=budget,
+                sample_every=ns.sample_every,
+            )
+            entry.update(
+                systems=systems,
+                scale=ns.scale,
+                rates=rates,
+                finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            )
             index = [e for e in index if e["cell"] != cell["name"]] + [entry]
             index_path.write_text(json.dumps(index, indent=2))
             shrink_run_dir(entry.get("run_dir"))
     finally:
         cluster.stop()
     log(f"all cells done in {(time.time() - started) / 60:.1f} min")
-    sh([str(VENVS / "harness-runner" / "bin" / "python"), str(HERE / "summarize.py"), "--out", str(out)])
+    sh(
+        [
+            str(VENVS / "harness-runner" / "bin" / "python"),
+            str(HERE / "summarize.py"),
+            "--out",
+            str(out),
+        ]
+    )
     return 0
 
 

@@ -11,7 +11,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from awa.telemetry.failures import FailureLog
+
 log = logging.getLogger("awa.maintenance")
+_failures = FailureLog(log)
 
 
 class PeriodicService(ABC):
@@ -49,11 +52,12 @@ class PeriodicService(ABC):
                 try:
                     await self.run_once()
                     self.runs += 1
+                    _failures.ok(f"{self.name} pass")
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as exc:
                     self.failures += 1
-                    log.warning("%s pass failed", self.name, exc_info=True)
+                    _failures.failed(f"{self.name} pass", exc)
                 self.last_run_at = time.monotonic()
             try:
                 await asyncio.wait_for(stopping.wait(), self._sleep_for())

@@ -28,9 +28,12 @@ from awa.db.pool import Conn, HeldConnection
 from awa.db.queries import Queries
 from awa.enqueue.producer import PreparedJob
 from awa.telemetry import otel as telemetry
+from awa.telemetry.failures import FailureLog
 from awa.worker.followups import insert_followups
 
 log = logging.getLogger("awa.completion")
+#: Retries during an outage: the first failure with its traceback, then a line per 30 s.
+_failures = FailureLog(log)
 RETRY_DELAYS = (0.05, 0.2, 1.0, 2.0, 5.0)
 
 
@@ -206,6 +209,7 @@ class Completer:
                 self.stale += len(batch) - len(rows)
                 for r in rows:
                     self.count(r["queue"], "completed")
+                _failures.ok("completion batch write")
                 return
             except Exception as exc:
                 if with_followups and not _transient(exc):
@@ -217,7 +221,7 @@ class Completer:
                     # process and rescue re-runs these jobs. Nothing is lost.
                     log.exception("giving up writing %d completions", len(batch))
                     return
-                log.warning("completion batch failed; retrying in %.2fs", delay, exc_info=True)
+                _failures.failed("completion batch write", exc)
                 await asyncio.sleep(delay)
 
     async def _flush_with_followups(self, batch: list[tuple[int, _Pending]], ids: list[int],
@@ -296,19 +300,21 @@ class Completer:
                     if not followups:
                         row = await self._pool.fetchrow(sql, *args)
                         telemetry.dead_lettered(row)
+                        _failures.ok("outcome write")
                         return row is not None
                     async with self._pool.acquire() as conn:
                         written = await self._write_with_followups(conn, job_id, sql, args,
                                                                    followups)
                     if written:
                         self.notify(r.queue for r in followups)
+                    _failures.ok("outcome write")
                     return written
             except Exception as exc:
                 if delay is None or not _transient(exc):
                     # The job stays running; heartbeats stop and rescue re-runs it.
                     log.exception("giving up writing outcome of job %d", job_id)
                     return False
-                log.warning("outcome write failed; retrying in %.2fs", delay, exc_info=True)
+                _failures.failed("outcome write", exc)
                 await asyncio.sleep(delay)
         return False
 

@@ -29,6 +29,7 @@ from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
 from awa.db.pool import HeldConnection
 from awa.db.queries import Queries
 from awa.telemetry import otel as telemetry
+from awa.telemetry.failures import FailureLog
 from awa.worker.capacity import Capacity, TokenBucket
 from awa.worker.config import QueueConfig
 from awa.worker.keyed import KeyedClaims, job_from_row
@@ -65,6 +66,7 @@ class Dispatcher:
         #: Claims that failed in a row, and the last one's error (health reports them).
         self.claim_failures = 0
         self.last_claim_error: str | None = None
+        self._failures = FailureLog(log)
         #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
         self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None)
 
@@ -202,10 +204,11 @@ class Dispatcher:
                                                           deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
                     self.claim_failures, self.last_claim_error = 0, None
+                    self._failures.ok(f"claim from {name!r}")
                 except Exception as exc:
                     # Whatever the driver raises (a killed backend can surface as
                     # InternalClientError), this loop must live on: claim again later.
-                    log.warning("claim from %r failed: %r", name, exc)
+                    self._failures.failed(f"claim from {name!r}", exc)
                     self.claim_failures += 1
                     self.last_claim_error = repr(exc)
                 finally:
