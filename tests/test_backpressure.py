@@ -73,7 +73,7 @@ async def test_reject_raises_before_anything_is_written(client: awa.AsyncClient)
 async def test_bad_options_are_refused_before_writing(client: awa.AsyncClient) -> None:
     with pytest.raises(awa.ValidationError, match="backpressure"):
         await client.insert(Item(1), queue="q", backpressure="on")  # type: ignore[arg-type]
-    with pytest.raises(awa.ValidationError, match="backpressure.limit"):
+    with pytest.raises(awa.ValidationError, match=r"backpressure\.limit"):
         awa.Reject(0)
     with pytest.raises(awa.ValidationError, match="target_depth"):
         client.paced("q", 0)
