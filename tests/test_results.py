@@ -44,6 +44,14 @@ async def _value(value: bool) -> bool:
     return value
 
 
+async def _only_notify_can_wake(client: awa.AsyncClient) -> None:
+    """Wait until the client's poll sleeps NO_POLL: from now on only a NOTIFY
+    (or a LISTEN reconnect) wakes a waiter within the test's time."""
+    results = client._results
+    assert results is not None
+    await wait_until(lambda: _value(results._sleeping == NO_POLL), message="the long poll")
+
+
 def _worker(client: awa.AsyncClient, queue: str = "r") -> None:
     @client.task(Work, queue=queue)
     async def work(job: awa.JobContext) -> object:
@@ -60,7 +68,7 @@ async def test_completed_job_returns_its_output_woken_by_notify(
     assert isinstance(job, awa.Job) and isinstance(job, InsertedJob)
     assert job == await client.get_job(job.id) and await client.get_job(job.id) == job
     waiting = asyncio.create_task(job.wait(timeout=NO_POLL, poll_interval=NO_POLL))
-    await asyncio.sleep(0)  # registered before any worker exists
+    await _only_notify_can_wake(client)
     await client.start([("r", 2)], **FAST)
     done = await asyncio.wait_for(waiting, PROMPT)
     assert done.state is awa.JobState.Completed
@@ -101,6 +109,7 @@ async def test_cancelled_job_wakes_its_waiter(client: awa.AsyncClient) -> None:
     pool = await client.pool()
     await wait_until(lambda: pool.fetchval("SELECT count(*) FROM awa.job_waiters"),
                      message="the waiter's registration")
+    await _only_notify_can_wake(client)
     await client.cancel(job.id)
     done = await asyncio.wait_for(waiting, PROMPT)
     assert done.state is awa.JobState.Cancelled
@@ -198,3 +207,57 @@ async def test_polls_behind_a_transaction_pooler(server_url: str, database_url: 
 
 
 OPTIONS_POOLED = {**FAST, "heartbeat_staleness_ms": 30_000}
+
+
+async def test_jobs_finishing_while_their_waiters_register(client: awa.AsyncClient) -> None:
+    """Waiters registering while a busy worker finishes their jobs: each one either
+    reads the finished job or is notified (the registration locks the row its
+    finish deletes), so none is left to a poll."""
+    await _listening(client)
+    parked = await client.insert(Work(0), queue="parked")
+    sentinel = asyncio.create_task(parked.wait(timeout=NO_POLL, poll_interval=NO_POLL))
+    await _only_notify_can_wake(client)
+    _worker(client)
+    await client.start([("r", 8)], **FAST)
+    jobs = [await client.insert(Work(n), queue="r") for n in range(10, 110)]
+    done = await asyncio.wait_for(asyncio.gather(
+        *(j.wait(timeout=NO_POLL, poll_interval=NO_POLL) for j in jobs)), PROMPT)
+    assert {d.state for d in done} == {awa.JobState.Completed}
+    sentinel.cancel()
+
+
+async def test_a_finish_in_flight_during_registration_is_not_missed(
+        client: awa.AsyncClient, database_url: str) -> None:
+    """The race itself, held open: a transaction has finished the job (its trigger
+    already ran, seeing no waiter) but not committed when the waiter registers.
+    The registration waits for it on the row lock, then reads the finished job;
+    without that lock the waiter would see the job still active and never hear
+    of its finish (only a poll would)."""
+    await _listening(client)
+    parked = await client.insert(Work(0), queue="parked")
+    sentinel = asyncio.create_task(parked.wait(timeout=NO_POLL, poll_interval=NO_POLL))
+    await _only_notify_can_wake(client)
+    job = await client.insert(Work(1), queue="held")
+    finisher = await asyncpg.connect(database_url)
+    try:
+        tx = finisher.transaction()
+        await tx.start()
+        await finisher.execute("""
+            WITH moved AS (DELETE FROM awa.jobs j WHERE id = $1 RETURNING j)
+            INSERT INTO awa.jobs_done SELECT f.* FROM moved m,
+                LATERAL awa.finished(m.j, 'completed', interval '1 day') f""", job.id)
+        waiting = asyncio.create_task(job.wait(timeout=NO_POLL, poll_interval=NO_POLL))
+        pool = await client.pool()
+
+        async def blocked_or_registered() -> bool:
+            return bool(await pool.fetchval(
+                "SELECT (SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()) + (SELECT count(*) FROM awa.job_waiters)"
+                " > 1"))  # the sentinel's registration is one
+        await wait_until(blocked_or_registered, message="the waiter's registration")
+        await tx.commit()
+        done = await asyncio.wait_for(waiting, PROMPT)
+        assert done.state is awa.JobState.Completed
+    finally:
+        await finisher.close()
+        sentinel.cancel()

@@ -52,6 +52,7 @@ class ResultWaiter:
         self._events: dict[int, set[asyncio.Event]] = {}
         self._intervals: dict[asyncio.Event, float] = {}  # explicit poll_interval= per wait
         self._kick = asyncio.Event()  # a shorter poll interval arrived
+        self._sleeping = 0.0  # the interval the poll task is waiting out now
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -77,9 +78,9 @@ class ResultWaiter:
         event = asyncio.Event()
         self._events.setdefault(job_id, set()).add(event)  # before registering: no lost wake
         if poll_interval is not None:
-            if poll_interval < self._interval():
-                self._kick.set()  # the poll task is sleeping a longer interval
             self._intervals[event] = poll_interval
+        if self._interval() < self._sleeping:
+            self._kick.set()  # the poll task sleeps a longer interval than this waiter wants
         state: str | None = None
         finished = False
         try:
@@ -157,19 +158,26 @@ class ResultWaiter:
             self._wake(int(payload))
 
     def _interval(self) -> float:
+        """The shortest poll interval any waiter wants (its own, else the default)."""
         default = (states.RESULT_SAFETY_POLL if self.listening
                    else states.RESULT_POLL_INTERVAL).total_seconds()
-        return min([default, *self._intervals.values()]) if self._intervals else default
+        explicit = self._intervals.values()
+        if len(self._intervals) < sum(len(e) for e in self._events.values()):
+            return min([default, *explicit])  # some waiter uses the default
+        return min(explicit, default=default)
 
     async def _poll(self) -> None:
         """Wake the waiters whose job left the active table: one query for all of them."""
         while not self._stopping.is_set():
             self._kick.clear()
+            self._sleeping = self._interval()
             try:
-                await asyncio.wait_for(self._kick.wait(), self._interval())
+                await asyncio.wait_for(self._kick.wait(), self._sleeping)
                 continue  # a shorter interval arrived: wait again with it
             except TimeoutError:
                 pass
+            finally:
+                self._sleeping = 0.0
             ids = list(self._events)
             if not ids:
                 continue
