@@ -74,9 +74,16 @@ async def insert_costs(url: str, n: int, rounds: int) -> list[tuple[str, int, fl
         for backlog in (0, 10_000, 100_000):
             queue = f"q{backlog}"
             await _backlog(client, queue, backlog)
+            pool = await client.pool()
+            last = await pool.fetchval("SELECT coalesce(max(id), 0) FROM awa.jobs")
             for name, bp in (("off", "off"), ("signal", "signal"),
                              ("Reject(1_000_000)", awa.Reject(1_000_000))):
-                samples = [await _inserts(client, queue, n, bp) for _ in range(rounds)]
+                samples = []
+                for _ in range(rounds):
+                    samples.append(await _inserts(client, queue, n, bp))
+                    # Back to the same backlog: the inserted jobs would deepen it.
+                    await pool.execute("DELETE FROM awa.jobs WHERE id > $1", last)
+                    await pool.execute("VACUUM awa.jobs")
                 out.append((name, backlog, statistics.median(samples)))
                 print(f"insert {name:18} backlog {backlog:>7,}: "
                       f"{statistics.median(samples):7.1f} µs", flush=True)
@@ -97,37 +104,61 @@ async def count_costs(url: str, rounds: int) -> list[tuple[int, float]]:
     return out
 
 
-async def trigger_costs(url: str, rounds: int) -> dict[tuple[int, bool], float]:
-    """µs per finishing statement (a DELETE of ``batch`` jobs from awa.jobs, as every
-    finish does) with the waiters trigger enabled and disabled, nobody waiting."""
-    out: dict[tuple[int, bool], list[float]] = {}
+_TIMED_DELETES = """
+CREATE FUNCTION pg_temp.timed_deletes(batch int, statements int) RETURNS float8
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids bigint[];
+    started timestamptz;
+BEGIN
+    SELECT array_agg(id ORDER BY id) INTO ids FROM awa.jobs WHERE queue = 'trig';
+    started := clock_timestamp();
+    FOR i IN 0 .. statements - 1 LOOP
+        DELETE FROM awa.jobs WHERE id = ANY(ids[i * batch + 1 : (i + 1) * batch]);
+    END LOOP;
+    RETURN extract(epoch FROM clock_timestamp() - started) * 1e6 / statements;
+END $$
+"""
+
+
+async def trigger_costs(url: str, rounds: int) -> dict[tuple[int, int], float]:
+    """Server time per finishing statement (a DELETE of ``batch`` jobs from awa.jobs,
+    as every finish does) with the waiters trigger enabled and disabled, nobody
+    waiting. Timed inside the server (a plpgsql loop, no commit per statement),
+    so neither the network nor fsync blurs the difference."""
+    out: dict[tuple[int, int], list[float]] = {}
+    statements = 2000
     conn = await asyncpg.connect(url)
     try:
+        await conn.execute(_TIMED_DELETES)
         for _ in range(rounds):
             for batch in (1, 32):
-                for enabled in (True, False):
-                    await conn.execute("TRUNCATE awa.jobs")
-                    ids = await conn.fetch(
-                        "INSERT INTO awa.jobs (kind, queue, args) "
-                        "SELECT 'noop', 'trig', '{}' FROM generate_series(1, 6400) RETURNING id")
+                # (waiters parked on other jobs, trigger enabled); waiters=-1: disabled
+                for waiters in (0, -1, 100, 1000):
+                    await conn.execute("TRUNCATE awa.jobs, awa.job_waiters")
+                    await conn.execute(
+                        "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
+                        "SELECT 'noop', CASE WHEN g <= $2 THEN 'parked' ELSE 'trig' END, '{}', "
+                        "'available', 2, 25 FROM generate_series(1, $1::int + $2) g",
+                        batch * statements, max(waiters, 0))
+                    await conn.execute(
+                        "INSERT INTO awa.job_waiters (job_id, expires_at) "
+                        "SELECT id, 'infinity' FROM awa.jobs WHERE queue = 'parked'")
+                    await conn.execute("ANALYZE awa.job_waiters")
                     await conn.execute("ALTER TABLE awa.jobs "
-                                       f"{'ENABLE' if enabled else 'DISABLE'} "
+                                       f"{'DISABLE' if waiters < 0 else 'ENABLE'} "
                                        "TRIGGER jobs_notify_waiters")
-                    chunks = [[r["id"] for r in ids[i:i + batch]]
-                              for i in range(0, min(len(ids), 2000 * batch), batch)]
-                    stmt = await conn.prepare("DELETE FROM awa.jobs WHERE id = ANY($1::bigint[])")
-                    started = time.perf_counter()
-                    for chunk in chunks:
-                        await stmt.fetch(chunk)
-                    per = (time.perf_counter() - started) / len(chunks) * 1e6
-                    out.setdefault((batch, enabled), []).append(per)
+                    per = await conn.fetchval("SELECT pg_temp.timed_deletes($1, $2)",
+                                              batch, statements)
+                    out.setdefault((batch, waiters), []).append(per)
         await conn.execute("ALTER TABLE awa.jobs ENABLE TRIGGER jobs_notify_waiters")
     finally:
         await conn.close()
     medians = {k: statistics.median(v) for k, v in out.items()}
-    for (batch, enabled), us in sorted(medians.items()):
-        print(f"finishing statement of {batch:>2} jobs, trigger {'on ' if enabled else 'off'}: "
-              f"{us:7.1f} µs", flush=True)
+    for (batch, waiters), us in sorted(medians.items()):
+        label = "trigger off" if waiters < 0 else f"{waiters:>4} waiters"
+        print(f"finishing statement of {batch:>2} jobs, {label}: {us:7.1f} µs  "
+              f"({' / '.join(f'{v:.1f}' for v in out[(batch, waiters)])})", flush=True)
     return medians
 
 
@@ -183,11 +214,19 @@ async def main() -> None:
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--inserts", type=int, default=2_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sections", default="inserts,counts,trigger,drain",
+                   help="comma list of: inserts, counts (needs inserts), trigger, drain")
     a = p.parse_args()
+    sections = set(a.sections.split(","))
     url = await _reset(a.database_url)
-    await insert_costs(url, a.inserts, a.rounds)
-    await count_costs(url, a.rounds)
-    await trigger_costs(url, a.rounds)
+    if "inserts" in sections:
+        await insert_costs(url, a.inserts, a.rounds)
+    if "counts" in sections:
+        await count_costs(url, a.rounds)
+    if "trigger" in sections:
+        await trigger_costs(url, a.rounds)
+    if "drain" not in sections:
+        return
     rates = await drain_costs(url, a.jobs, a.rounds)
     for waiters, values in rates.items():
         print(f"drain, {waiters} waiters: median {statistics.median(values):,.0f} jobs/s "

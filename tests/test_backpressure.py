@@ -116,6 +116,11 @@ def test_sync_client_backpressure(sync_client: awa.Client) -> None:
     assert job.queue_depth is not None and job.queue_depth.depth == 3
     assert sync_client.queue_depths["q"].depth == 3
     assert sync_client.queue_depth("q").depth == 4
+    with sync_client.paced("q", target_depth=5, max_wait=0.05) as pacer:
+        assert pacer.enqueue_many([Item(5)]) == 1  # depth 4 < 5: room
+        with pytest.raises(awa.QueueFull):
+            pacer.insert(Item(6))                   # depth 5: no room within max_wait
+        assert pacer.pacer.inserted == 1
 
 
 async def test_paced_producer_keeps_the_queue_near_its_target(client: awa.AsyncClient) -> None:

@@ -20,6 +20,7 @@ from awa.core.backpressure import Backpressure, QueueDepth
 from awa.core.model import Job
 from awa.core.options import InsertOptions
 from awa.core.results import InsertedJob
+from awa.enqueue.pacing import Pacer
 from awa.enqueue.transaction import Transaction
 
 P = ParamSpec("P")
@@ -111,6 +112,37 @@ class SyncTransaction:
         self._loop.run(self._tx.__aexit__(exc_type, exc, tb))
 
 
+class SyncPacer:
+    """A `Pacer` driven synchronously: ``with client.paced("q", 10_000) as p:``."""
+
+    def __init__(self, loop: LoopThread, pacer: Pacer) -> None:
+        self._loop = loop
+        self.pacer = pacer  #: the async pacer: ``inserted``, ``paused_seconds``, ``last_depth``
+
+    def wait_for_room(self) -> QueueDepth:
+        """Block until the queue holds fewer than ``target_depth`` available jobs."""
+        return self._loop.run(self.pacer.wait_for_room())
+
+    def insert(self, args: Any, **opts: Any) -> InsertedJob:
+        """`Client.insert` into the paced queue, once there is room."""
+        return self._loop.run(self.pacer.insert(args, **opts))
+
+    def insert_many(self, jobs: Sequence[Any], **defaults: Any) -> list[InsertedJob]:
+        """`Client.insert_many_copy` into the paced queue, once there is room."""
+        return self._loop.run(self.pacer.insert_many(jobs, **defaults))
+
+    def enqueue_many(self, jobs: Sequence[Any], **defaults: Any) -> int:
+        """`Client.enqueue_many_copy` into the paced queue, once there is room."""
+        return self._loop.run(self.pacer.enqueue_many(jobs, **defaults))
+
+    def __enter__(self) -> SyncPacer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
+
+
 class Client:
     """Synchronous client with the enqueue, admin, DLQ and callback methods."""
 
@@ -155,6 +187,12 @@ class Client:
             jobs, opts=opts, backpressure=backpressure, **defaults))
         return [InsertedJob.attach(j, sync_waiter=self.wait_for, depth=j.queue_depth)
                 for j in inserted]
+
+    def paced(self, queue: str, target_depth: int, *, min_sleep: float = 0.01,
+              max_sleep: float = 1.0, max_wait: float | None = None) -> SyncPacer:
+        """`AsyncClient.paced`, blocking (its jobs wait with ``wait_for``, not ``wait_sync``)."""
+        return SyncPacer(self._loop, self._async.paced(
+            queue, target_depth, min_sleep=min_sleep, max_sleep=max_sleep, max_wait=max_wait))
 
     @property
     def queue_depths(self) -> Mapping[str, QueueDepth]:
