@@ -261,3 +261,18 @@ async def test_a_finish_in_flight_during_registration_is_not_missed(
     finally:
         await finisher.close()
         sentinel.cancel()
+
+
+async def test_an_inserted_job_is_still_a_plain_job(client: awa.AsyncClient) -> None:
+    import dataclasses
+    import pickle
+
+    job = await client.insert(Work(1), queue="r")
+    plain = await client.get_job(job.id)
+    assert type(plain) is awa.Job and plain == job
+    assert dataclasses.asdict(job) == dataclasses.asdict(plain)
+    assert job.to_dict() == plain.to_dict()
+    copied = pickle.loads(pickle.dumps(job))  # a plain Job: the waiter stays behind
+    assert type(copied) is awa.Job and copied == plain
+    with pytest.raises(awa.AwaError, match="client.wait_for"):
+        await dataclasses.replace(job, priority=1).wait(timeout=0)  # no waiter attached

@@ -77,8 +77,12 @@ class InsertedJob(Job):
 
     __hash__ = None  # type: ignore[assignment]  # as Job's (a mutable dataclass)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A pickle or copy is a plain Job: the waiter (a live client) cannot travel.
+        return Job, tuple(getattr(self, n) for n in _JOB_FIELDS)
+
     def __getattr__(self, name: str) -> Any:
-        # Unset extra slots (a copy made by dataclasses.replace, a pickle) read as None.
+        # Unset extra slots (a copy made by dataclasses.replace) read as None.
         if name in InsertedJob.__slots__:
             return None
         raise AttributeError(name)
