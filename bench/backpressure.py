@@ -10,9 +10,11 @@ recreated):
    100,000 available jobs (µs per insert, median of rounds);
 2. the depth count alone (``client.queue_depth``) for caps 1,000 / 10,000 /
    100,000 at a 100,000-job backlog;
-3. a one-worker drain (concurrency 32, no-op handler) with nobody waiting,
-   and with 100 waiters parked on other jobs (what finishing statements pay
-   while somebody waits: the anti-join over the waiters).
+3. the server time of a finishing statement (a DELETE from awa.jobs of 1 or
+   32 jobs) with the waiters trigger disabled, enabled with nobody waiting,
+   and with 100 / 1,000 waiters parked on other jobs;
+4. a one-worker drain (concurrency 32, no-op handler) with the trigger
+   disabled, enabled with nobody waiting, and with 100 waiters parked.
 
 The drain with no waiters against main is `bench/run.py --systems awa
 --scenarios drain-1w` run on both trees (bench/results/results_backpressure.md).
@@ -163,9 +165,13 @@ async def trigger_costs(url: str, rounds: int) -> dict[tuple[int, int], float]:
 
 
 async def _drain(url: str, n: int, waiters: int) -> float:
+    """One drain's jobs/s; ``waiters`` parked on other jobs (-1: trigger disabled)."""
     async with awa.AsyncClient(url) as client:
         pool = await client.pool()
         await pool.execute("TRUNCATE awa.jobs, awa.job_waiters")
+        await pool.execute("ALTER TABLE awa.jobs "
+                           f"{'DISABLE' if waiters < 0 else 'ENABLE'} TRIGGER jobs_notify_waiters")
+        waiters = max(waiters, 0)
         parked = []
         if waiters:
             later = datetime.now(UTC) + timedelta(hours=1)
@@ -198,12 +204,13 @@ async def _drain(url: str, n: int, waiters: int) -> float:
 
 
 async def drain_costs(url: str, n: int, rounds: int) -> dict[int, list[float]]:
-    rates: dict[int, list[float]] = {0: [], 100: []}
+    rates: dict[int, list[float]] = {-1: [], 0: [], 100: []}  # -1: trigger disabled
     for _ in range(rounds):
         for waiters in rates:  # interleaved
             rate = await _drain(url, n, waiters)
             rates[waiters].append(rate)
-            print(f"drain with {waiters:>3} waiters parked: {rate:8,.0f} jobs/s", flush=True)
+            label = "trigger off" if waiters < 0 else f"{waiters:>3} waiters parked"
+            print(f"drain, {label}: {rate:8,.0f} jobs/s", flush=True)
     return rates
 
 
@@ -229,7 +236,8 @@ async def main() -> None:
         return
     rates = await drain_costs(url, a.jobs, a.rounds)
     for waiters, values in rates.items():
-        print(f"drain, {waiters} waiters: median {statistics.median(values):,.0f} jobs/s "
+        label = "trigger off" if waiters < 0 else f"{waiters} waiters"
+        print(f"drain, {label}: median {statistics.median(values):,.0f} jobs/s "
               f"({' / '.join(f'{v:,.0f}' for v in values)})")
 
 

@@ -274,5 +274,5 @@ async def test_an_inserted_job_is_still_a_plain_job(client: awa.AsyncClient) -> 
     assert job.to_dict() == plain.to_dict()
     copied = pickle.loads(pickle.dumps(job))  # a plain Job: the waiter stays behind
     assert type(copied) is awa.Job and copied == plain
-    with pytest.raises(awa.AwaError, match="client.wait_for"):
+    with pytest.raises(awa.AwaError, match=r"client\.wait_for"):
         await dataclasses.replace(job, priority=1).wait(timeout=0)  # no waiter attached

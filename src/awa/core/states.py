@@ -165,5 +165,5 @@ RESULT_SAFETY_POLL = timedelta(seconds=5)
 #: index entry per job, so it is bounded whatever the backlog.
 DEPTH_SIGNAL_CAP = 10_000
 #: The largest ``Reject(limit)`` / ``target_depth``: a check reads up to that
-#: many index entries (about 15 ms per 100,000: bench/results/results_backpressure.md).
+#: many index entries (10-15 ms per 100,000: bench/results/results_backpressure.md).
 DEPTH_LIMIT_MAX = 1_000_000
