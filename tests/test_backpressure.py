@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 from tests.helpers import FAST, wait_until
+from tests.test_telemetry import Otel, otel  # noqa: F401  (the fixture)
 
 import awa
 from awa.core import states
@@ -168,3 +169,13 @@ def test_cli_queue_depth(database_url: str) -> None:
                                          "cap": states.DEPTH_SIGNAL_CAP, "at_least": False}
     result = awa_cli(database_url, "queue", "depth", "cliq", "--cap", "2")
     assert result.stdout.strip() == "cliq: >= 2 available"
+
+
+async def test_signalled_and_rejected_counters(
+        client: awa.AsyncClient, otel: Otel) -> None:  # noqa: F811  (the fixture)
+    await client.insert_many_copy([Item(1), Item(2)], queue="m", backpressure="signal")
+    with pytest.raises(awa.QueueFull):
+        await client.enqueue_many_copy([Item(3)] * 3, queue="m", backpressure=awa.Reject(2))
+    await client.insert(Item(4), queue="m")  # "off": counted nowhere
+    assert otel.value("awa.enqueue.signalled", kind="item", queue="m") == 2
+    assert otel.value("awa.enqueue.rejected", kind="item", queue="m") == 3
