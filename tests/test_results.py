@@ -276,3 +276,22 @@ async def test_an_inserted_job_is_still_a_plain_job(client: awa.AsyncClient) -> 
     assert type(copied) is awa.Job and copied == plain
     with pytest.raises(awa.AwaError, match=r"client\.wait_for"):
         await dataclasses.replace(job, priority=1).wait(timeout=0)  # no waiter attached
+
+
+async def test_cleanup_prunes_registrations_of_dead_waiters(client: awa.AsyncClient) -> None:
+    """A waiter that died before its deadline leaves its registration; the
+    cleanup service drops it once expired (a live one with time left stays)."""
+    dead = await client.insert(Work(1), queue="nobody")
+    alive = await client.insert(Work(2), queue="nobody")
+    pool = await client.pool()
+    await pool.execute("INSERT INTO awa.job_waiters VALUES ($1, now() - interval '1 hour'), "
+                       "($2, now() + interval '1 hour')", dead.id, alive.id)
+    from tests.helpers import idle_task
+
+    idle_task(client)
+    await client.start([("idle", 1)], **FAST)
+    runtime = client.runtime
+    assert runtime is not None
+    await runtime.service("cleanup").run_once()
+    assert [r["job_id"] for r in await pool.fetch("SELECT job_id FROM awa.job_waiters")] \
+        == [alive.id]

@@ -27,3 +27,9 @@ WHERE NOT EXISTS (SELECT 1 FROM awa.jobs j WHERE j.id = w.id)
 
 -- name: result_waiter_count
 SELECT count(*) FROM awa.job_waiters
+
+-- name: result_waiters_prune
+-- The cleanup service: registrations left by waiters that died before their
+-- deadline (a waiter that times out removes its own; a finish removes all).
+-- Left in place, they would make every finishing statement match its jobs.
+DELETE FROM awa.job_waiters WHERE expires_at < now() - interval '1 minute'
