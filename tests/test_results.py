@@ -219,9 +219,11 @@ async def test_jobs_finishing_while_their_waiters_register(client: awa.AsyncClie
     await _only_notify_can_wake(client)
     _worker(client)
     await client.start([("r", 8)], **FAST)
-    jobs = [await client.insert(Work(n), queue="r") for n in range(10, 110)]
-    done = await asyncio.wait_for(asyncio.gather(
-        *(j.wait(timeout=NO_POLL, poll_interval=NO_POLL) for j in jobs)), PROMPT)
+    waits = []
+    for n in range(10, 110):  # each wait registers while the next insert runs
+        job = await client.insert(Work(n), queue="r")
+        waits.append(asyncio.create_task(job.wait(timeout=NO_POLL, poll_interval=NO_POLL)))
+    done = await asyncio.wait_for(asyncio.gather(*waits), PROMPT)
     assert {d.state for d in done} == {awa.JobState.Completed}
     sentinel.cancel()
 
