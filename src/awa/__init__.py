@@ -9,6 +9,7 @@ from awa import _moved, web
 from awa.admin.dlq import DlqEntry
 from awa.client import AsyncClient
 from awa.core import callback_contract
+from awa.core.backpressure import QueueDepth, Reject
 from awa.core.batch_spec import (
     BatchOperation,
     BatchOperationFilter,
@@ -23,6 +24,7 @@ from awa.core.errors import (
     DatabaseError,
     JobNotFound,
     LiveRuntimesRequireExclusiveWindow,
+    QueueFull,
     RuntimeVersionFloorNotMet,
     SchemaNotMigrated,
     SerializationError,
@@ -32,6 +34,7 @@ from awa.core.errors import (
     UniqueConflict,
     UnknownJobKind,
     ValidationError,
+    WaitTimeout,
 )
 from awa.core.model import (
     CallbackToken,
@@ -45,6 +48,7 @@ from awa.core.model import (
     Snooze,
     WaitForCallback,
 )
+from awa.core.results import InsertedJob
 from awa.core.serialize import derive_kind, max_payload_bytes, set_max_payload_bytes
 from awa.core.states import JobState
 from awa.db.migrations import (
@@ -94,6 +98,7 @@ __all__ = [
     "DlqEntry",
     "EnqueueRequest",
     "HealthCheck",
+    "InsertedJob",
     "Job",
     "JobContext",
     "JobEvent",
@@ -103,9 +108,12 @@ __all__ = [
     "OutcomeContext",
     "Output",
     "PartitionedQueue",
+    "QueueDepth",
+    "QueueFull",
     "QueueHealth",
     "QueueStat",
     "RawClient",
+    "Reject",
     "ResolveResult",
     "RetryAfter",
     "RetryFailedResult",
@@ -122,6 +130,7 @@ __all__ = [
     "UnknownJobKind",
     "ValidationError",
     "WaitForCallback",
+    "WaitTimeout",
     "bridge",
     "callback_contract",
     "current_migration_version",

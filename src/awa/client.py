@@ -21,17 +21,21 @@ from asyncpg.pool import PoolConnectionProxy
 
 from awa.admin.batch import BatchOps
 from awa.admin.descriptors import DescriptorOps
+from awa.admin.flow import FlowOps
 from awa.admin.ops import AdminOps
 from awa.admin.overrides import OverrideOps
 from awa.core import serialize, states, validate
+from awa.core.backpressure import Backpressure
 from awa.core.errors import ValidationError
-from awa.core.model import Job
 from awa.core.options import InsertOptions
+from awa.core.results import InsertedJob
 from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
+from awa.enqueue import backpressure as bp
 from awa.enqueue import producer
+from awa.enqueue.pacing import Pacer
 from awa.enqueue.transaction import Transaction, TransactionStart
 from awa.maintenance.cron import CronSchedule
 from awa.telemetry import otel as telemetry
@@ -45,7 +49,7 @@ FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
 
 
-class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
+class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
     """A pool-backed client for one database and schema (default ``awa``).
 
     With no ``database_url``, ``$DATABASE_URL`` is used, else the embedded
@@ -102,6 +106,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         """Shut any running worker down, then close the pool."""
         if self._runtime is not None:
             await self.shutdown()
+        await self._close_flow()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             held, self._producer_conn = self._producer_conn, None
@@ -203,27 +208,51 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
 
     # -- enqueue ---------------------------------------------------------------
 
-    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
-        """Enqueue one job; `UniqueConflict` if its unique key is taken."""
+    async def insert(self, args: Any, *, backpressure: Backpressure = "off",
+                     **opts: Unpack[InsertOptions]) -> InsertedJob:
+        """Enqueue one job; `UniqueConflict` if its unique key is taken. The `Job`
+        returned can ``await job.wait(timeout)`` for its result (docs/guide/results.md).
+        ``backpressure``: ``"signal"`` or ``Reject(limit)`` (docs/guide/backpressure.md)."""
         prepared = producer.prepare(args, **opts, router=self._registry.queue_for)
+        depths = {}
         async with self._producer() as conn:
-            return await producer.insert_one(conn, self._q, prepared)
+            if backpressure != "off":
+                depths = self._record_depths(await bp.check(conn, self._q, (prepared,),
+                                                            backpressure))
+            job = await producer.insert_one(conn, self._q, prepared, InsertedJob)
+        return InsertedJob.attach(job, async_waiter=self.wait_for,
+                                  depth=depths.get(prepared.queue))
 
     async def insert_many_copy(self, jobs: Sequence[Any], *,
                                opts: Sequence[Mapping[str, Any] | None] | None = None,
-                               **defaults: Unpack[InsertOptions]) -> list[Job]:
+                               backpressure: Backpressure = "off",
+                               **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
         """Bulk insert through COPY; duplicate unique jobs are skipped."""
         prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
         async with self._producer() as conn:
-            return await producer.insert_many(conn, self._q, prepared)
+            depths = self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
+            inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob)
+        return [InsertedJob.attach(j, async_waiter=self.wait_for, depth=depths.get(j.queue))
+                for j in inserted]
 
     async def enqueue_many_copy(self, jobs: Sequence[Any], *,
                                 opts: Sequence[Mapping[str, Any] | None] | None = None,
+                                backpressure: Backpressure = "off",
                                 **defaults: Unpack[InsertOptions]) -> int:
         """The fastest bulk path (binary COPY); returns how many were inserted."""
         prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
         async with self._producer() as conn:
+            self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
             return await producer.copy_many(conn, self._q, prepared)
+
+    def paced(self, queue: str, target_depth: int, *, min_sleep: float = 0.01,
+              max_sleep: float = 1.0, max_wait: float | None = None) -> Pacer:
+        """A producer for bulk loads that keeps ``queue`` near ``target_depth``
+        available jobs: ``async with client.paced("q", 10_000) as p: await
+        p.enqueue_many(batch)`` (docs/guide/backpressure.md)."""
+        return Pacer(queue, target_depth, lambda q, cap: self.queue_depth(q, cap=cap),
+                     self.insert, self.insert_many_copy, self.enqueue_many_copy,
+                     min_sleep=min_sleep, max_sleep=max_sleep, max_wait=max_wait)
 
     def transaction(self) -> TransactionStart:
         """``async with client.transaction() as tx`` (or ``await`` it)."""
@@ -233,7 +262,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
             async def release(c: Conn) -> None:
                 assert isinstance(c, PoolConnectionProxy)
                 await pool.release(c)
-            tx = Transaction(conn, self._q, release, router=self._registry.queue_for)
+            tx = Transaction(conn, self._q, release, router=self._registry.queue_for,
+                             waiter=self.wait_for)
             try:
                 return await tx._begin()
             except BaseException:

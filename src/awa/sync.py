@@ -16,8 +16,11 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from awa.client import AsyncClient
+from awa.core.backpressure import Backpressure, QueueDepth
 from awa.core.model import Job
 from awa.core.options import InsertOptions
+from awa.core.results import InsertedJob
+from awa.enqueue.pacing import Pacer
 from awa.enqueue.transaction import Transaction
 
 P = ParamSpec("P")
@@ -80,15 +83,18 @@ class SyncTransaction:
         """Every row as a dict."""
         return self._loop.run(self._tx.fetch_all(sql, *args))
 
-    def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
-        """Enqueue one job inside this transaction."""
-        return self._loop.run(self._tx.insert(args, **opts))
+    def insert(self, args: Any, *, backpressure: Backpressure = "off",
+               **opts: Unpack[InsertOptions]) -> Job:
+        """Enqueue one job inside this transaction (``backpressure`` as `Transaction.insert`)."""
+        return self._loop.run(self._tx.insert(args, backpressure=backpressure, **opts))
 
     def insert_many(self, jobs: Sequence[Any], *,
                     opts: Sequence[Mapping[str, Any] | None] | None = None,
-                    **defaults: Unpack[InsertOptions]) -> list[Job]:
+                    backpressure: Backpressure = "off",
+                    **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
         """Enqueue many jobs inside this transaction."""
-        return self._loop.run(self._tx.insert_many(jobs, opts=opts, **defaults))
+        return self._loop.run(self._tx.insert_many(jobs, opts=opts, backpressure=backpressure,
+                                                   **defaults))
 
     def commit(self) -> None:
         """Commit and release the connection."""
@@ -104,6 +110,37 @@ class SyncTransaction:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._loop.run(self._tx.__aexit__(exc_type, exc, tb))
+
+
+class SyncPacer:
+    """A `Pacer` driven synchronously: ``with client.paced("q", 10_000) as p:``."""
+
+    def __init__(self, loop: LoopThread, pacer: Pacer) -> None:
+        self._loop = loop
+        self.pacer = pacer  #: the async pacer: ``inserted``, ``paused_seconds``, ``last_depth``
+
+    def wait_for_room(self) -> QueueDepth:
+        """Block until the queue holds fewer than ``target_depth`` available jobs."""
+        return self._loop.run(self.pacer.wait_for_room())
+
+    def insert(self, args: Any, **opts: Any) -> InsertedJob:
+        """`Client.insert` into the paced queue, once there is room."""
+        return self._loop.run(self.pacer.insert(args, **opts))
+
+    def insert_many(self, jobs: Sequence[Any], **defaults: Any) -> list[InsertedJob]:
+        """`Client.insert_many_copy` into the paced queue, once there is room."""
+        return self._loop.run(self.pacer.insert_many(jobs, **defaults))
+
+    def enqueue_many(self, jobs: Sequence[Any], **defaults: Any) -> int:
+        """`Client.enqueue_many_copy` into the paced queue, once there is room."""
+        return self._loop.run(self.pacer.enqueue_many(jobs, **defaults))
+
+    def __enter__(self) -> SyncPacer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
 
 
 class Client:
@@ -135,10 +172,37 @@ class Client:
             return await self._async.transaction()
         return SyncTransaction(self._loop, self._loop.run(open_tx()))
 
+    def insert(self, args: Any, *, backpressure: Backpressure = "off",
+               **opts: Unpack[InsertOptions]) -> InsertedJob:
+        """Enqueue one job (`AsyncClient.insert`); ``job.wait_sync(timeout)`` waits for it."""
+        job = self._loop.run(self._async.insert(args, backpressure=backpressure, **opts))
+        return InsertedJob.attach(job, sync_waiter=self.wait_for, depth=job.queue_depth)
+
+    def insert_many_copy(self, jobs: Sequence[Any], *,
+                         opts: Sequence[Mapping[str, Any] | None] | None = None,
+                         backpressure: Backpressure = "off",
+                         **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+        """Bulk insert through COPY (`AsyncClient.insert_many_copy`)."""
+        inserted = self._loop.run(self._async.insert_many_copy(
+            jobs, opts=opts, backpressure=backpressure, **defaults))
+        return [InsertedJob.attach(j, sync_waiter=self.wait_for, depth=j.queue_depth)
+                for j in inserted]
+
+    def paced(self, queue: str, target_depth: int, *, min_sleep: float = 0.01,
+              max_sleep: float = 1.0, max_wait: float | None = None) -> SyncPacer:
+        """`AsyncClient.paced`, blocking (its jobs wait with ``wait_for``, not ``wait_sync``)."""
+        return SyncPacer(self._loop, self._async.paced(
+            queue, target_depth, min_sleep=min_sleep, max_sleep=max_sleep, max_wait=max_wait))
+
+    @property
+    def queue_depths(self) -> Mapping[str, QueueDepth]:
+        """The depth last measured per queue (`AsyncClient.queue_depths`)."""
+        return self._async.queue_depths
+
     migrate = _delegate(AsyncClient.migrate)
     check_schema = _delegate(AsyncClient.check_schema)
-    insert = _delegate(AsyncClient.insert)
-    insert_many_copy = _delegate(AsyncClient.insert_many_copy)
+    wait_for = _delegate(AsyncClient.wait_for)
+    queue_depth = _delegate(AsyncClient.queue_depth)
     enqueue_many_copy = _delegate(AsyncClient.enqueue_many_copy)
     get_job = _delegate(AsyncClient.get_job)
     list_jobs = _delegate(AsyncClient.list_jobs)

@@ -26,6 +26,7 @@ from awa.cli.output import (
 )
 from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.cli.root import main
+from awa.core import states
 from awa.core.errors import SchemaNotMigrated
 from awa.enqueue import bulk
 from awa.worker.health import parse_addr
@@ -46,6 +47,22 @@ def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
     emit(stats, as_json, ("queue", "available", "scheduled", "retryable", "running",
                           "waiting_external", "failed", "completed_last_hour", "lag_seconds",
                           "paused"), title="queues", full=full)
+
+
+@queue.command("depth")
+@click.argument("name")
+@click.option("--cap", type=int, default=states.DEPTH_SIGNAL_CAP, show_default=True,
+              help="Count no further than this (the count reads one index entry per job).")
+@json_option
+@click.pass_obj
+def queue_depth(obj: dict[str, Any], name: str, cap: int, as_json: bool) -> None:
+    """Available (due, unclaimed) jobs of a queue: the depth backpressure reads."""
+    depth = run_with_client(obj, lambda c: c.queue_depth(name, cap=cap))
+    if as_json:
+        click.echo(json.dumps({"queue": depth.queue, "depth": depth.depth, "cap": depth.cap,
+                               "at_least": depth.at_least}))
+    else:
+        say(f"{depth.queue}: {'>= ' if depth.at_least else ''}{depth.depth} available")
 
 
 create_option = click.option(

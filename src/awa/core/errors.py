@@ -81,6 +81,32 @@ class JobNotFound(AwaError, LookupError):
     """No job (active, finished or dead-lettered) has this id."""
 
 
+class WaitTimeout(AwaError, TimeoutError):
+    """`wait_for` gave up: the job did not finish within the timeout.
+
+    Also a builtin `TimeoutError`. The job is untouched (still queued or
+    running); ``state`` is what it was last seen as."""
+
+    def __init__(self, job_id: int, timeout: float, state: str | None) -> None:
+        super().__init__(f"job {job_id} did not finish within {timeout:g}s "
+                         f"(last seen {state or 'unknown'})")
+        self.job_id = job_id
+        self.timeout = timeout
+        self.state = state
+
+
+class QueueFull(AwaError):
+    """An insert with ``backpressure=Reject(limit)`` found ``depth >= limit``
+    available jobs in ``queue``; nothing was written."""
+
+    def __init__(self, queue: str, depth: int, limit: int) -> None:
+        super().__init__(f"queue {queue!r} has {depth} available jobs (limit {limit}); "
+                         "nothing was inserted")
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit
+
+
 class BatchOperationNotFound(AwaError, LookupError):
     """No batch operation has this (well-formed) id."""
 

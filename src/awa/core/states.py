@@ -162,3 +162,18 @@ BACKOFF_CAP = timedelta(hours=24)
 COMPLETED_RETENTION = timedelta(hours=24)
 FAILED_RETENTION = timedelta(hours=72)
 DLQ_RETENTION = timedelta(days=30)
+
+# -- awaitable results and producer backpressure ----------------------------------
+#: `wait_for` checks its jobs this often when LISTEN is unavailable (behind a
+#: transaction pooler, or while the LISTEN connection is down).
+RESULT_POLL_INTERVAL = timedelta(milliseconds=500)
+#: ...and this often while LISTEN works, as a safety net only: every finish of
+#: a waited-on job sends a NOTIFY, and a reconnect re-checks every waiter.
+RESULT_SAFETY_POLL = timedelta(seconds=5)
+#: ``backpressure="signal"`` counts a queue's available jobs up to this many
+#: (a depth of exactly this value means "at least"): the count reads one claim
+#: index entry per job, so it is bounded whatever the backlog.
+DEPTH_SIGNAL_CAP = 10_000
+#: The largest ``Reject(limit)`` / ``target_depth``: a check reads up to that
+#: many index entries (10-15 ms per 100,000: bench/results/results_backpressure.md).
+DEPTH_LIMIT_MAX = 1_000_000

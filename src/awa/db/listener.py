@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import asyncpg
 
@@ -37,8 +37,10 @@ class Listener:
 
     def __init__(self, url: str, pool: asyncpg.Pool, q: Queries, poll_interval: float,
                  on_notify: Callable[[str, str], None],
-                 on_connected: Callable[[], None]) -> None:
+                 on_connected: Callable[[], None],
+                 channels: Sequence[str] = CHANNELS) -> None:
         self._url, self._pool, self._q = url, pool, q
+        self._channels = tuple(channels)
         self._poll = poll_interval
         self._on_notify = on_notify
         self._on_connected = on_connected  #: catch up on what was sent while disconnected
@@ -75,7 +77,7 @@ class Listener:
                                     "pooler (transaction pooling?); polling every %d ms",
                                     poll_ms)
                         return
-                    for channel in CHANNELS:
+                    for channel in self._channels:
                         await conn.add_listener(channel, self._deliver)
                     self._conn = conn
                     self._on_connected()

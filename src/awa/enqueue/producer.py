@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from awa.core import states
 from awa.core.errors import ValidationError
@@ -64,6 +64,8 @@ class PreparedJob:
         """Where the job starts: available unless ``run_at`` is in the future."""
         return JobState.Scheduled if self.run_at and self.run_at > now else JobState.Available
 
+
+J = TypeVar("J", bound=Job)
 
 #: A client's registered queue for a kind, for inserts that name no queue.
 Router = Callable[[str], str]
@@ -176,12 +178,15 @@ def prepare_many(jobs: Sequence[Any], opts: Sequence[Mapping[str, Any] | None] |
     return prepared
 
 
-async def insert_one(conn: Conn, q: Queries, job: PreparedJob) -> Job:
-    """Insert one prepared job; raises `UniqueConflict` on a duplicate key."""
+async def insert_one(conn: Conn, q: Queries, job: PreparedJob,
+                     job_type: type[J] = Job) -> J:  # type: ignore[assignment]
+    """Insert one prepared job; raises `UniqueConflict` on a duplicate key.
+
+    ``job_type``: the `Job` class to build (the client's `InsertedJob`)."""
     with translated():
         row = await conn.fetchrow(q["job_insert"], *job.insert_params())
     telemetry.inserted(job.kind, job.queue)
-    return Job.from_row(row)
+    return job_type.from_row(row)  # type: ignore[return-value]
 
 
 _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", "tags",
@@ -193,8 +198,8 @@ def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
     return [j.insert_params() for j in jobs]
 
 
-async def insert_many(conn: Conn, q: Queries,
-                      jobs: Sequence[PreparedJob]) -> list[Job]:
+async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                      job_type: type[J] = Job) -> list[J]:  # type: ignore[assignment]
     """COPY into a staging table, then insert, skipping duplicate unique keys."""
     if not jobs:
         return []
@@ -204,7 +209,7 @@ async def insert_many(conn: Conn, q: Queries,
             await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
                                              columns=_COPY_COLUMNS)
             rows = await conn.fetch(q["job_insert_from_staging"])
-    inserted = [Job.from_row(r) for r in rows]
+    inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted
 

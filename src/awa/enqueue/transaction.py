@@ -10,13 +10,15 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
+from awa.core.backpressure import Backpressure
 from awa.core.errors import AwaError
-from awa.core.model import Job
 from awa.core.options import InsertOptions
+from awa.core.results import AsyncWaiter, InsertedJob
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries, rows_affected
 from awa.enqueue import producer
+from awa.enqueue.backpressure import check
 
 
 class Transaction:
@@ -24,8 +26,10 @@ class Transaction:
 
     def __init__(self, conn: Conn, q: Queries,
                  release: Callable[[Conn], Awaitable[None]],
-                 router: producer.Router | None = None) -> None:
+                 router: producer.Router | None = None,
+                 waiter: AsyncWaiter | None = None) -> None:
         self._conn = conn
+        self._waiter = waiter
         self._router = router
         self._q = q
         self._release = release
@@ -67,17 +71,29 @@ class Transaction:
             rows = await self._conn.fetch(sql, *args)
         return [dict(r) for r in rows]
 
-    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
-        """Enqueue one job inside this transaction."""
+    async def insert(self, args: Any, *, backpressure: Backpressure = "off",
+                     **opts: Unpack[InsertOptions]) -> InsertedJob:
+        """Enqueue one job inside this transaction.
+
+        ``backpressure`` counts the queue on this transaction's connection: jobs
+        other producers committed plus the ones this transaction inserted. A
+        `QueueFull` leaves the transaction usable; uncaught, it rolls it back."""
         prepared = producer.prepare(args, **opts, router=self._router)
-        return await producer.insert_one(self._conn, self._q, prepared)
+        depths = await check(self._conn, self._q, (prepared,), backpressure)
+        job = await producer.insert_one(self._conn, self._q, prepared, InsertedJob)
+        return InsertedJob.attach(job, async_waiter=self._waiter,
+                                  depth=depths.get(prepared.queue))
 
     async def insert_many(self, jobs: Sequence[Any], *,
                           opts: Sequence[Mapping[str, Any] | None] | None = None,
-                          **defaults: Unpack[InsertOptions]) -> list[Job]:
+                          backpressure: Backpressure = "off",
+                          **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
         """Enqueue many jobs inside this transaction (duplicate unique keys skipped)."""
         prepared = producer.prepare_many(jobs, opts, defaults, self._router)
-        return await producer.insert_many(self._conn, self._q, prepared)
+        depths = await check(self._conn, self._q, prepared, backpressure)
+        inserted = await producer.insert_many(self._conn, self._q, prepared, InsertedJob)
+        return [InsertedJob.attach(j, async_waiter=self._waiter, depth=depths.get(j.queue))
+                for j in inserted]
 
     async def commit(self) -> None:
         """Commit and return the connection to the pool."""

@@ -135,6 +135,7 @@ class Cleaner(PeriodicService):
                 self.pruned += int(dropped)
             await self._delete_in_batches(conn, "done_default_prune")
             await conn.execute(q["throughput_prune"])
+            await conn.execute(q["result_waiters_prune"])
             await conn.execute(q["callback_rules_prune"])
             await self._delete_in_batches(conn, "dlq_prune", self._dlq_retention)
 

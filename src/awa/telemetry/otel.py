@@ -61,6 +61,8 @@ COUNTERS = {
     "awa.job.cancelled": "Attempts whose handler returned Cancel.",
     "awa.job.dlq_moved": "Failed jobs routed to the DLQ.",
     "awa.maintenance.rescues": "Attempts rescued (stale heartbeat, deadline, callback timeout).",
+    "awa.enqueue.signalled": "Jobs enqueued with backpressure=\"signal\" (depth measured).",
+    "awa.enqueue.rejected": "Jobs refused by backpressure=Reject(limit) (QueueFull).",
 }
 _COUNTER_OF_OUTCOME = {"completed": "awa.job.completed", "fail": "awa.job.failed",
                        "retry": "awa.job.retried", "cancel": "awa.job.cancelled"}
@@ -145,12 +147,22 @@ def inserted(kind: str, queue: str, n: int = 1) -> None:
         m.add("awa.job.inserted", kind, queue, n)
 
 
-def inserted_jobs(jobs: Iterable[Any]) -> None:
-    """Count inserted jobs (anything with ``kind`` and ``queue``), one add per pair."""
+def _add_jobs(name: str, jobs: Iterable[Any]) -> None:
+    """Add jobs (anything with ``kind`` and ``queue``) to counter ``name``, one add per pair."""
     m = _metrics
     if m is not None:
         for (kind, queue), n in Counter((j.kind, j.queue) for j in jobs).items():
-            m.add("awa.job.inserted", kind, queue, n)
+            m.add(name, kind, queue, n)
+
+
+def inserted_jobs(jobs: Iterable[Any]) -> None:
+    """Count inserted jobs (anything with ``kind`` and ``queue``), one add per pair."""
+    _add_jobs("awa.job.inserted", jobs)
+
+
+def backpressure(counter: str, jobs: Iterable[Any]) -> None:
+    """Count jobs an enqueue signalled (``"signalled"``) or refused (``"rejected"``)."""
+    _add_jobs(f"awa.enqueue.{counter}", jobs)
 
 
 def claimed(job: Job, wait_seconds: float | None) -> None:

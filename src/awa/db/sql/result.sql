@@ -1,0 +1,35 @@
+-- Awaitable results: a waiter registers interest in a job (awa.job_waiters,
+-- see migration 0012), is woken by NOTIFY awa_result or by its poll, and
+-- reads the job wherever it lives.
+
+-- name: result_register
+-- Register a waiter on an active job, locking the row FOR KEY SHARE so its
+-- finish cannot slip in between (0012). No row back: the job is not active
+-- (finished, dead-lettered, or unknown), so read it instead of waiting.
+WITH job AS (
+    SELECT id FROM awa.jobs WHERE id = $1 FOR KEY SHARE
+)
+INSERT INTO awa.job_waiters (job_id, expires_at)
+SELECT id, coalesce($2::timestamptz, 'infinity') FROM job
+ON CONFLICT (job_id) DO UPDATE
+    SET expires_at = greatest(awa.job_waiters.expires_at, excluded.expires_at)
+RETURNING job_id
+
+-- name: result_unregister
+-- A waiter gave up: drop the row unless another waiter's deadline is later.
+DELETE FROM awa.job_waiters
+WHERE job_id = $1 AND expires_at <= coalesce($2::timestamptz, 'infinity')
+
+-- name: result_not_active
+-- The poll: which of these jobs have left the active table (one index probe each).
+SELECT w.id FROM unnest($1::bigint[]) AS w(id)
+WHERE NOT EXISTS (SELECT 1 FROM awa.jobs j WHERE j.id = w.id)
+
+-- name: result_waiter_count
+SELECT count(*) FROM awa.job_waiters
+
+-- name: result_waiters_prune
+-- The cleanup service: registrations left by waiters that died before their
+-- deadline (a waiter that times out removes its own; a finish removes all).
+-- Left in place, they would make every finishing statement match its jobs.
+DELETE FROM awa.job_waiters WHERE expires_at < now() - interval '1 minute'
