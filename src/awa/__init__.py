@@ -54,8 +54,10 @@ from awa.db.migrations import (
     schema_patches,
 )
 from awa.enqueue import bridge
+from awa.enqueue.dependencies import ParentResult
 from awa.enqueue.partitioned import PartitionedQueue
 from awa.enqueue.transaction import Transaction
+from awa.enqueue.workflow import WorkflowRun, chain, chord, group, step
 from awa.sync import Client, SyncTransaction
 from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
@@ -99,6 +101,7 @@ __all__ = [
     "JobState",
     "LiveRuntimesRequireExclusiveWindow",
     "OutcomeContext",
+    "ParentResult",
     "Output",
     "PartitionedQueue",
     "QueueHealth",
@@ -120,10 +123,14 @@ __all__ = [
     "UnknownJobKind",
     "ValidationError",
     "WaitForCallback",
+    "WorkflowRun",
     "bridge",
     "callback_contract",
+    "chain",
+    "chord",
     "current_migration_version",
     "derive_kind",
+    "group",
     "init_telemetry",
     "max_payload_bytes",
     "migrate",
@@ -132,5 +139,6 @@ __all__ = [
     "schema_patches",
     "set_max_payload_bytes",
     "shutdown_telemetry",
+    "step",
     "web",
 ]

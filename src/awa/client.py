@@ -31,8 +31,10 @@ from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
-from awa.enqueue import producer
+from awa.enqueue import dependencies, producer
+from awa.enqueue.dependencies import Policy
 from awa.enqueue.transaction import Transaction, TransactionStart
+from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 from awa.maintenance.cron import CronSchedule
 from awa.telemetry import otel as telemetry
 from awa.worker.config import RuntimeConfig, check_start
@@ -203,11 +205,28 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
 
     # -- enqueue ---------------------------------------------------------------
 
-    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
-        """Enqueue one job; `UniqueConflict` if its unique key is taken."""
+    async def insert(self, args: Any, *, after: Iterable[Any] | None = None,
+                     on_parent_failure: Policy = "cancel",
+                     **opts: Unpack[InsertOptions]) -> Job:
+        """Enqueue one job; `UniqueConflict` if its unique key is taken.
+
+        ``after``: jobs (or ids) this one waits for; ``on_parent_failure``: what
+        happens to it when one of them fails or is cancelled (see
+        docs/guide/workflows.md)."""
         prepared = producer.prepare(args, **opts, router=self._registry.queue_for)
+        if after is None:
+            async with self._producer() as conn:
+                return await producer.insert_one(conn, self._q, prepared)
+        parents, policy = dependencies.parent_ids(after), dependencies.check_policy(
+            on_parent_failure)
         async with self._producer() as conn:
-            return await producer.insert_one(conn, self._q, prepared)
+            return await dependencies.insert_after(conn, self._q, prepared, parents, policy)
+
+    async def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+        """Insert a `chain`, `group` or `chord` (nested as you like) in one
+        transaction: every job or none."""
+        async with self._producer() as conn:
+            return await insert_workflow(conn, self._q, workflow, self._registry.queue_for)
 
     async def insert_many_copy(self, jobs: Sequence[Any], *,
                                opts: Sequence[Mapping[str, Any] | None] | None = None,

@@ -138,6 +138,7 @@ class Client:
     migrate = _delegate(AsyncClient.migrate)
     check_schema = _delegate(AsyncClient.check_schema)
     insert = _delegate(AsyncClient.insert)
+    enqueue_workflow = _delegate(AsyncClient.enqueue_workflow)
     insert_many_copy = _delegate(AsyncClient.insert_many_copy)
     enqueue_many_copy = _delegate(AsyncClient.enqueue_many_copy)
     get_job = _delegate(AsyncClient.get_job)

@@ -152,3 +152,15 @@ BACKOFF_CAP = timedelta(hours=24)
 COMPLETED_RETENTION = timedelta(hours=24)
 FAILED_RETENTION = timedelta(hours=72)
 DLQ_RETENTION = timedelta(days=30)
+
+# -- job dependencies (docs/guide/workflows.md) -------------------------------
+#: A child waiting for its parents is ``scheduled`` at this run_at (the latest
+#: accepted one), so promotion never reaches it; its parents release it.
+PARKED_RUN_AT = RUN_AT_MAX
+#: What happens to a child whose parent failed or was cancelled.
+PARENT_FAILURE_POLICIES = ("cancel", "run_anyway", "discard")
+#: Most parents one job may wait for, and most jobs in one workflow.
+DEPENDENCY_PARENTS_MAX = 10_000
+WORKFLOW_JOBS_MAX = 10_000
+#: Resolved dependency edges (kept for the workflow graph) are pruned after this.
+DEPENDENCY_RETENTION = timedelta(hours=72)

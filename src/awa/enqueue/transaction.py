@@ -6,7 +6,7 @@ transaction commits.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -16,7 +16,8 @@ from awa.core.options import InsertOptions
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries, rows_affected
-from awa.enqueue import producer
+from awa.enqueue import dependencies, producer
+from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 
 
 class Transaction:
@@ -67,10 +68,20 @@ class Transaction:
             rows = await self._conn.fetch(sql, *args)
         return [dict(r) for r in rows]
 
-    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
-        """Enqueue one job inside this transaction."""
+    async def insert(self, args: Any, *, after: Iterable[Any] | None = None,
+                     on_parent_failure: dependencies.Policy = "cancel",
+                     **opts: Unpack[InsertOptions]) -> Job:
+        """Enqueue one job inside this transaction (``after``: see `AsyncClient.insert`)."""
         prepared = producer.prepare(args, **opts, router=self._router)
-        return await producer.insert_one(self._conn, self._q, prepared)
+        if after is None:
+            return await producer.insert_one(self._conn, self._q, prepared)
+        return await dependencies.insert_after(
+            self._conn, self._q, prepared, dependencies.parent_ids(after),
+            dependencies.check_policy(on_parent_failure))
+
+    async def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+        """Insert a `chain`, `group` or `chord` inside this transaction."""
+        return await insert_workflow(self._conn, self._q, workflow, self._router)
 
     async def insert_many(self, jobs: Sequence[Any], *,
                           opts: Sequence[Mapping[str, Any] | None] | None = None,
