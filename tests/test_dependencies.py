@@ -200,3 +200,194 @@ async def test_failing_step_cancels_the_rest_of_the_chain(client: awa.AsyncClien
     # c is cancelled; d (run_anyway) runs after its cancelled parent, then e.
     assert states == [S.Completed, S.Failed, S.Cancelled, S.Completed, S.Completed]
     assert ran == ["a", "b", "d", "e"]
+
+
+# -- races and crashes -------------------------------------------------------------------
+
+
+async def _blocked(conn: asyncpg.Connection, pid: int) -> bool:
+    return bool(await conn.fetchval(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid))
+
+
+async def _connect(database_url: str) -> asyncpg.Connection:
+    return await asyncpg.connect(database_url)
+
+
+async def test_two_parents_finishing_at_once_promote_exactly_once(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
+    a = await client.insert(Work("a"))
+    b = await client.insert(Work("b"))
+    child = await client.insert(Work("c"), after=[a, b])
+    one, two = await _connect(database_url), await _connect(database_url)
+    try:
+        await one.execute("BEGIN")
+        await two.execute("BEGIN")
+        await _finish(one, a.id)  # holds the child's row lock until it commits
+        second = asyncio.create_task(_finish(two, b.id))
+        await wait_until(lambda: _blocked(conn, two.get_server_pid()),
+                         message="the second parent to wait for the child's lock")
+        # Without the lock each would count the other's edge as open: child stranded.
+        await one.execute("COMMIT")
+        await second
+        await two.execute("COMMIT")
+    finally:
+        await one.close()
+        await two.close()
+    assert await _state(client, child.id) is S.Available
+    assert await _edges(conn, child.id) == [(a.id, "completed"), (b.id, "completed")]
+
+
+@pytest.mark.parametrize("first", ["cancel", "complete"])
+async def test_parent_completing_while_child_is_cancelled(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str,
+        first: str) -> None:
+    parent = await client.insert(Work("p"))
+    child = await client.insert(Work("c"), after=[parent])
+    grandchild = await client.insert(Work("g"), after=[child])
+    one, two = await _connect(database_url), await _connect(database_url)
+    cancel_sql = ("WITH moved AS (DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j) "
+                  "INSERT INTO awa.jobs_done SELECT f.* FROM moved m, "
+                  "LATERAL awa.finished(m.j, 'cancelled', interval '1 hour') f")
+    try:
+        await one.execute("BEGIN")
+        await two.execute("BEGIN")
+        if first == "cancel":
+            await one.execute(cancel_sql, child.id)
+            late = asyncio.create_task(_finish(two, parent.id))
+        else:
+            await one.execute(
+                "WITH moved AS (DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j) "
+                "INSERT INTO awa.jobs_done SELECT f.* FROM moved m, "
+                "LATERAL awa.finished(m.j, 'completed', interval '1 hour') f", parent.id)
+            late = asyncio.create_task(two.execute(cancel_sql, child.id))
+        await wait_until(lambda: _blocked(conn, two.get_server_pid()),
+                         message="the second transaction to wait for the first")
+        await one.execute("COMMIT")
+        await late
+        await two.execute("COMMIT")
+    finally:
+        await one.close()
+        await two.close()
+    # Exactly one outcome: the child is cancelled (never run), its own child with it.
+    assert await _state(client, child.id) is S.Cancelled
+    assert await _state(client, grandchild.id) is S.Cancelled
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    assert await conn.fetchval(
+        "SELECT count(*) FROM awa.job_dependencies WHERE resolved_at IS NULL") == 0
+
+
+async def test_parent_lock_keeps_an_edge_from_being_missed(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
+    """A parent finishing while its child is being inserted waits for that insert to
+    commit, then releases the child (no child left parked forever)."""
+    parent = await client.insert(Work("p"))
+    inserter = awa.AsyncClient(database_url)
+    finisher = await _connect(database_url)
+    try:
+        async with inserter.transaction() as tx:
+            child = await tx.insert(Work("c"), after=[parent])
+            done = asyncio.create_task(_finish(finisher, parent.id))
+            await wait_until(lambda: _blocked(conn, finisher.get_server_pid()),
+                             message="the parent's finish to wait for the insert")
+        await done
+    finally:
+        await inserter.close()
+        await finisher.close()
+    assert await _state(client, child.id) is S.Available
+
+
+async def test_child_runs_once_when_the_parents_worker_is_killed(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
+    """SIGKILL while the parent runs: rescue re-runs the parent, whose completion
+    releases the child once; the child runs exactly once."""
+    import signal
+
+    from tests.helpers import spawn_worker
+    parent = await client.insert({"seconds": 30, "marker": "p"}, kind="sleepy", queue="procs")
+    child = await client.insert({"seconds": 0, "marker": "c"}, kind="sleepy", queue="procs",
+                                after=[parent])
+    proc = spawn_worker(database_url)
+    try:
+        async def parent_running() -> bool:
+            return await _state(client, parent.id) is S.Running
+        await wait_until(parent_running, timeout=30, message="the worker to claim the parent")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert await _state(client, child.id) is S.Scheduled
+    await conn.execute("UPDATE awa.jobs SET args = '{\"seconds\": 0}' WHERE id = $1", parent.id)
+    proc = spawn_worker(database_url)
+    try:
+        async def child_done() -> bool:
+            return await _state(client, child.id) is S.Completed
+        await wait_until(child_done, timeout=60, message="rescue, parent and child")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    runs = await conn.fetch("SELECT job_id, count(*) AS n FROM runs GROUP BY job_id")
+    assert {r["job_id"]: r["n"] for r in runs} == {parent.id: 2, child.id: 1}
+
+
+async def test_uncommitted_and_stale_completions_release_nothing(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
+    """A completion that dies before its commit releases nothing; the next attempt's
+    does, once; a late write from the dead attempt changes nothing."""
+    from datetime import timedelta
+
+    from awa.db.queries import queries
+    parent = await client.insert(Work("p"))
+    child = await client.insert(Work("c"), after=[parent])
+    pool = await client.pool()
+    q = queries()
+    lease = (await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0))[0]["run_lease"]
+    dying = await _connect(database_url)
+    await dying.execute("BEGIN")
+    await dying.fetch(q["attempt_complete_batch"], [parent.id], [lease], None,
+                      timedelta(days=1))
+    await conn.execute("SELECT pg_terminate_backend($1)", dying.get_server_pid())
+    await asyncio.sleep(0)  # (the server ends it; the transaction is rolled back)
+    await dying.close()
+    assert await _state(client, child.id) is S.Scheduled
+    # Rescued and claimed again; the new attempt completes and releases the child.
+    await conn.execute("UPDATE awa.jobs SET state = 'available' WHERE id = $1", parent.id)
+    second = (await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0))[0]["run_lease"]
+    await pool.fetch(q["attempt_complete_batch"], [parent.id], [second], None,
+                     timedelta(days=1))
+    assert await _state(client, child.id) is S.Available
+    claimed = await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0)
+    assert [r["id"] for r in claimed] == [child.id]
+    # The dead attempt's write, replayed late: nothing (the parent is not running).
+    assert await pool.fetch(q["attempt_complete_batch"], [parent.id], [lease], None,
+                            timedelta(days=1)) == []
+    assert (await client.get_job(child.id)).state is S.Running
+
+
+# -- surfaces ------------------------------------------------------------------------------
+
+
+async def test_workflow_graph_and_cli(client: awa.AsyncClient, conn: asyncpg.Connection,
+                                      database_url: str) -> None:
+    from tests.test_cli import awa_cli
+    run = await client.enqueue_workflow(chord([Work("a"), Work("b")], Work("sum")))
+    a, b, total = run.jobs
+    await _finish(conn, a.id)
+    graph = await client.workflow(total.id)
+    assert [n.id for n in graph.nodes] == [a.id, b.id, total.id]
+    assert [[n.id for n in layer] for layer in graph.layers()] == [[a.id, b.id], [total.id]]
+    assert [n.status for n in graph.nodes] == ["completed", "available", "waiting"]
+    assert graph.nodes[2].waiting_on == 1
+    with pytest.raises(awa.JobNotFound):
+        await client.workflow(999_999)
+    out = awa_cli(database_url, "workflow", "show", str(a.id), "--json")
+    assert out.returncode == 0, out.stderr
+    import json
+    doc = json.loads(out.stdout)
+    assert [n["status"] for n in doc["nodes"]] == ["completed", "available", "waiting"]
+    table = awa_cli(database_url, "workflow", "show", str(b.id))
+    assert table.returncode == 0 and "waiting" in table.stdout and f"{a.id}:completed" in \
+        table.stdout
+    missing = awa_cli(database_url, "workflow", "show", "999999")
+    assert missing.returncode == 1 and "not found" in missing.stderr

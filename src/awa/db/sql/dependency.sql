@@ -40,7 +40,7 @@ WITH RECURSIVE nodes(id) AS (
     UNION
     SELECT CASE WHEN d.parent_id = n.id THEN d.child_id ELSE d.parent_id END
     FROM nodes n JOIN awa.job_dependencies d ON d.parent_id = n.id OR d.child_id = n.id
-), some AS (
+), picked AS (
     SELECT id FROM nodes ORDER BY id LIMIT $2
 )
 SELECT s.id, a.kind, a.queue, a.state::text AS state, a.attempt, a.finalized_at,
@@ -49,7 +49,7 @@ SELECT s.id, a.kind, a.queue, a.state::text AS state, a.attempt, a.finalized_at,
                      'parent_state', d.parent_state::text,
                      'resolved_at', d.resolved_at) ORDER BY d.ordinal)
                  FROM awa.job_dependencies d WHERE d.child_id = s.id), '[]') AS parents
-FROM some s LEFT JOIN awa.jobs_all a ON a.id = s.id
+FROM picked s LEFT JOIN awa.jobs_all a ON a.id = s.id
 ORDER BY s.id
 
 -- name: dependency_parent_outputs

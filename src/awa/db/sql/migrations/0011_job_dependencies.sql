@@ -101,6 +101,9 @@ BEGIN
                 END IF;
             END IF;
         END LOOP;
+        -- Edges of children no longer active (cancelled meanwhile): resolved too.
+        UPDATE awa.job_dependencies d SET resolved_at = now(), parent_state = outcome
+        WHERE d.parent_id = parent AND d.resolved_at IS NULL;
     END LOOP;
     PERFORM set_config('awa.releasing', 'off', true);
     FOR q IN SELECT DISTINCT unnest(queues) LOOP
