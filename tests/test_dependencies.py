@@ -391,3 +391,23 @@ async def test_workflow_graph_and_cli(client: awa.AsyncClient, conn: asyncpg.Con
         table.stdout
     missing = awa_cli(database_url, "workflow", "show", "999999")
     assert missing.returncode == 1 and "not found" in missing.stderr
+
+
+async def test_cleanup_prunes_old_resolved_edges_only(client: awa.AsyncClient,
+                                                      conn: asyncpg.Connection) -> None:
+    from datetime import timedelta
+
+    from awa.db.queries import queries
+    from awa.maintenance.services import Cleaner
+    a = await client.insert(Work("a"))
+    old = await client.insert(Work("old"), after=[a])
+    waiting = await client.insert(Work("waiting"), after=[await client.insert(Work("b"))])
+    await _finish(conn, a.id)
+    await conn.execute("UPDATE awa.job_dependencies SET resolved_at = now() - interval '73 h' "
+                       "WHERE child_id = $1", old.id)
+    cleaner = Cleaner(await client.pool(), queries(), timedelta(seconds=60), lambda: True,
+                      retentions=[timedelta(days=1)], batch_size=100,
+                      dlq_retention=timedelta(days=30))
+    await cleaner.run_once()
+    rows = await conn.fetch("SELECT child_id FROM awa.job_dependencies")
+    assert [r[0] for r in rows] == [waiting.id]
