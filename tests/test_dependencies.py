@@ -309,9 +309,10 @@ async def test_child_runs_once_when_the_parents_worker_is_killed(
                                 after=[parent])
     proc = spawn_worker(database_url)
     try:
-        async def parent_running() -> bool:
-            return await _state(client, parent.id) is S.Running
-        await wait_until(parent_running, timeout=30, message="the worker to claim the parent")
+        async def parent_running() -> bool:  # its handler has recorded the run
+            return bool(await conn.fetchval("SELECT to_regclass('runs') IS NOT NULL")) and bool(
+                await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = $1", parent.id))
+        await wait_until(parent_running, timeout=30, message="the worker to run the parent")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -411,3 +412,73 @@ async def test_cleanup_prunes_old_resolved_edges_only(client: awa.AsyncClient,
     await cleaner.run_once()
     rows = await conn.fetch("SELECT child_id FROM awa.job_dependencies")
     assert [r[0] for r in rows] == [waiting.id]
+
+
+async def test_every_way_a_parent_finishes_releases_its_children(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Admin cancel, queue drain and a dead-lettered failure all finish the parent in
+    one statement; the trigger releases the children in it."""
+    from datetime import timedelta
+
+    from awa.db.queries import queries
+    cancelled = await client.insert(Work("p1"))
+    c1 = await client.insert(Work("c1"), after=[cancelled])
+    await client.cancel(cancelled.id)
+    assert await _state(client, c1.id) is S.Cancelled
+
+    drained = await client.insert(Work("p2"), queue="drained")
+    c2 = await client.insert(Work("c2"), after=[drained], on_parent_failure="run_anyway")
+    assert await client.drain_queue("drained") == 1
+    assert await _state(client, c2.id) is S.Available
+
+    dead = await client.insert(Work("p3"), queue="dlq_on")
+    c3 = await client.insert(Work("c3"), after=[dead], on_parent_failure="discard")
+    await conn.execute("INSERT INTO awa.queues (queue, dlq_enabled) VALUES ('dlq_on', true)")
+    pool = await client.pool()
+    q = queries()
+    lease = (await pool.fetch(q["attempt_claim"], "dlq_on", 1, 0.0, 60.0))[0]["run_lease"]
+    row = await pool.fetchrow(q["attempt_fail"], dead.id, lease, "boom", timedelta(days=1),
+                              None, True)
+    assert row["dlq"] is True
+    assert await _state(client, c3.id) is None  # discarded: no row anywhere
+    assert await _edges(conn, c3.id) == [(dead.id, "failed")]
+
+    # Cancelling a parked child cancels its own children (it never runs).
+    parent = await client.insert(Work("p4"))
+    child = await client.insert(Work("c4"), after=[parent])
+    grandchild = await client.insert(Work("g4"), after=[child])
+    await client.cancel(child.id)
+    assert await _state(client, grandchild.id) is S.Cancelled
+    await _finish(conn, parent.id)  # the cancelled child stays cancelled
+    assert await _state(client, child.id) is S.Cancelled
+    assert await conn.fetchval(
+        "SELECT count(*) FROM awa.job_dependencies WHERE resolved_at IS NULL") == 0
+
+
+async def test_a_long_chain_failing_at_its_head_cancels_every_job(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """The release is a worklist, not recursion: a 500-job chain fails in one statement."""
+    run = await client.enqueue_workflow(chain(*[Work(f"n{i}") for i in range(500)]))
+    await _finish(conn, run.jobs[0].id, "failed")
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    assert await conn.fetchval(
+        "SELECT count(*) FROM awa.jobs_done WHERE state = 'cancelled'") == 499
+
+
+async def test_workflow_in_a_transaction_rolls_back_with_it(client: awa.AsyncClient,
+                                                            conn: asyncpg.Connection) -> None:
+    with pytest.raises(RuntimeError):
+        async with client.transaction() as tx:
+            run = await tx.enqueue_workflow(chain(Work("a"), Work("b")))
+            assert len(run.jobs) == 2
+            raise RuntimeError("the application's own write failed")
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM awa.job_dependencies") == 0
+
+
+def test_sync_client_workflow(sync_client: awa.Client) -> None:
+    run = sync_client.enqueue_workflow(group(Work("a"), Work("b")))
+    child = sync_client.insert(Work("c"), after=run.jobs)
+    assert child.state is S.Scheduled
+    assert [n.id for n in sync_client.workflow(child.id).nodes] == [*(j.id for j in run.jobs),
+                                                                   child.id]

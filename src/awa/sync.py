@@ -142,6 +142,7 @@ class Client:
     insert_many_copy = _delegate(AsyncClient.insert_many_copy)
     enqueue_many_copy = _delegate(AsyncClient.enqueue_many_copy)
     get_job = _delegate(AsyncClient.get_job)
+    workflow = _delegate(AsyncClient.workflow)
     list_jobs = _delegate(AsyncClient.list_jobs)
     dump_job = _delegate(AsyncClient.dump_job)
     cancel = _delegate(AsyncClient.cancel)

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from awa.admin.jobs import Executor
+import asyncpg
+
 from awa.core import validate
 from awa.core.errors import JobNotFound
 from awa.db.errors import translated
+from awa.db.pool import Conn
 from awa.db.queries import Queries
 
 #: Most jobs one graph read returns (the ones with the lowest ids).
@@ -93,7 +95,7 @@ def _time(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-async def workflow_graph(db: Executor, q: Queries, job_id: int,
+async def workflow_graph(db: Conn | asyncpg.Pool, q: Queries, job_id: int,
                          limit: int = GRAPH_LIMIT) -> WorkflowGraph:
     """The graph around ``job_id``; `JobNotFound` if no job or edge has that id."""
     validate.check_id("job_id", job_id)
