@@ -482,3 +482,20 @@ def test_sync_client_workflow(sync_client: awa.Client) -> None:
     assert child.state is S.Scheduled
     assert [n.id for n in sync_client.workflow(child.id).nodes] == [*(j.id for j in run.jobs),
                                                                    child.id]
+
+
+async def test_the_guides_example_runs(database_url: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, SUBPROCESS_PATH
+    env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": SUBPROCESS_PATH}
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(ROOT / "examples" / "workflows.py")], env=env,
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["workflow of 5 jobs, first job 1",
+                                        "pages: 54 bytes, to ops@example.com"]
+    guide = (ROOT / "docs" / "guide" / "workflows.md").read_text()
+    assert (ROOT / "examples" / "workflows.py").read_text().split('"""', 2)[2].strip() in guide
