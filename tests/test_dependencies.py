@@ -113,6 +113,9 @@ async def test_bad_after_is_refused_before_anything_is_written(
         with pytest.raises(awa.ValidationError) as err:
             await client.insert(Work("c"), after=after, **opts)  # type: ignore[arg-type]
         assert err.value.field == field, (after, opts)
+    with pytest.raises(awa.ValidationError) as err:
+        await client.insert(Work("c"), on_parent_failure="run_anyway")
+    assert err.value.field == "on_parent_failure"
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 1
     assert await conn.fetchval("SELECT count(*) FROM awa.job_dependencies") == 0
 

@@ -215,6 +215,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps):
         docs/guide/workflows.md)."""
         prepared = producer.prepare(args, **opts, router=self._registry.queue_for)
         if after is None:
+            if on_parent_failure != "cancel":
+                raise ValidationError("on_parent_failure", "only applies together with after")
             async with self._producer() as conn:
                 return await producer.insert_one(conn, self._q, prepared)
         parents, policy = dependencies.parent_ids(after), dependencies.check_policy(

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, S
 from types import TracebackType
 from typing import Any, Unpack
 
-from awa.core.errors import AwaError
+from awa.core.errors import AwaError, ValidationError
 from awa.core.model import Job
 from awa.core.options import InsertOptions
 from awa.db.errors import translated
@@ -74,6 +74,8 @@ class Transaction:
         """Enqueue one job inside this transaction (``after``: see `AsyncClient.insert`)."""
         prepared = producer.prepare(args, **opts, router=self._router)
         if after is None:
+            if on_parent_failure != "cancel":
+                raise ValidationError("on_parent_failure", "only applies together with after")
             return await producer.insert_one(self._conn, self._q, prepared)
         return await dependencies.insert_after(
             self._conn, self._q, prepared, dependencies.parent_ids(after),
