@@ -2,7 +2,7 @@
 
 A child waits as a ``scheduled`` job parked at `states.PARKED_RUN_AT`, with
 one edge per parent in ``awa.job_dependencies``. It is released by the
-statement that finishes its last parent (a trigger, migration 0011): made
+statement that finishes its last parent (a trigger, the job_dependencies migration): made
 available when every parent completed, or, when a parent failed or was
 cancelled, handled by its ``on_parent_failure`` policy:
 

@@ -1,6 +1,6 @@
 -- Statements on job dependencies (after=, chain / group / chord). The release
 -- of a finished parent's children happens in the trigger of the statement
--- that finishes it (awa.release_dependents, migration 0011), not here.
+-- that finishes it (awa.release_dependents, the job_dependencies migration), not here.
 
 -- name: dependency_lock_parents
 -- The active parents among $1, locked (in id order, as completion batches
