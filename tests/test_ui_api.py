@@ -239,3 +239,20 @@ async def test_awa_serve_subprocess(client: awa.AsyncClient, database_url: str) 
         proc.terminate()
         _, err = proc.communicate(timeout=20)
     assert b"Awa UI on http://127.0.0.1" in err
+
+
+async def test_job_workflow_graph(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    run = await client.enqueue_workflow(awa.chord([Email("a@x"), Email("b@x")], Email("c@x")))
+    a, b, callback = (j.id for j in run.jobs)
+    async with serving(ui_app(client=client)) as base:
+        status, wf = await call(f"{base}/api/jobs/{callback}/workflow")
+        assert status == 200
+        assert wf["layers"] == [[a, b], [callback]]
+        last = wf["nodes"][-1]
+        assert last["status"] == "waiting" and last["waiting_on"] == 2
+        assert [e["parent_id"] for e in last["parents"]] == [a, b]
+        plain = await client.insert(Email("d@x"))
+        _, alone = await call(f"{base}/api/jobs/{plain.id}/workflow")
+        assert [n["id"] for n in alone["nodes"]] == [plain.id] and alone["layers"] == [[plain.id]]
+        status, _ = await call(f"{base}/api/jobs/987654/workflow")
+        assert status == 404

@@ -171,3 +171,20 @@ async def test_dlq_page_retry_and_purge(client: awa.AsyncClient, page: Any) -> N
         await wait_until(lambda: _state_is(client, s.failed_id, awa.JobState.Available),
                          message="the DLQ retry to reach the database")
         assert await client.dlq_depth() == 0
+
+
+async def test_job_page_draws_its_workflow(client: awa.AsyncClient, page: Any) -> None:
+    run = await client.enqueue_workflow(awa.chain(Email("a@x"),
+                                                  awa.group(Email("b@x"), Email("c@x")),
+                                                  Email("d@x")))
+    first, last = run.jobs[0].id, run.jobs[-1].id
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/jobs/{last}", "job")
+        await page.wait_for_selector("#workflow")
+        assert await page.locator("#workflow .wf-layer").count() == 3
+        assert await page.locator("#workflow .wf-node").count() == 4
+        assert "Waiting for 2 parent job(s)" in await page.inner_text("#waiting-on")
+        assert "when its parents finish" in await page.inner_text("main")
+        await page.screenshot(path=shot("job-workflow"), full_page=True)
+        await page.click(f'#workflow a[href="#/jobs/{first}"]')
+        await page.wait_for_selector(f'#workflow .wf-node.current[data-job="{first}"]')

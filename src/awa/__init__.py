@@ -58,8 +58,10 @@ from awa.db.migrations import (
     schema_patches,
 )
 from awa.enqueue import bridge
+from awa.enqueue.dependencies import ParentResult
 from awa.enqueue.partitioned import PartitionedQueue
 from awa.enqueue.transaction import Transaction
+from awa.enqueue.workflow import WorkflowRun, chain, chord, group, step
 from awa.sync import Client, SyncTransaction
 from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
@@ -107,6 +109,7 @@ __all__ = [
     "LiveRuntimesRequireExclusiveWindow",
     "OutcomeContext",
     "Output",
+    "ParentResult",
     "PartitionedQueue",
     "QueueDepth",
     "QueueFull",
@@ -131,10 +134,14 @@ __all__ = [
     "ValidationError",
     "WaitForCallback",
     "WaitTimeout",
+    "WorkflowRun",
     "bridge",
     "callback_contract",
+    "chain",
+    "chord",
     "current_migration_version",
     "derive_kind",
+    "group",
     "init_telemetry",
     "max_payload_bytes",
     "migrate",
@@ -143,5 +150,6 @@ __all__ = [
     "schema_patches",
     "set_max_payload_bytes",
     "shutdown_telemetry",
+    "step",
     "web",
 ]

@@ -34,9 +34,11 @@ from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.enqueue import backpressure as bp
-from awa.enqueue import producer
+from awa.enqueue import dependencies, producer
+from awa.enqueue.dependencies import Policy
 from awa.enqueue.pacing import Pacer
 from awa.enqueue.transaction import Transaction, TransactionStart
+from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 from awa.maintenance.cron import CronSchedule
 from awa.telemetry import otel as telemetry
 from awa.worker.config import RuntimeConfig, check_start
@@ -208,20 +210,35 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
 
     # -- enqueue ---------------------------------------------------------------
 
-    async def insert(self, args: Any, *, backpressure: Backpressure = "off",
+    async def insert(self, args: Any, *, after: Iterable[Any] | None = None,
+                     on_parent_failure: Policy = "cancel", backpressure: Backpressure = "off",
                      **opts: Unpack[InsertOptions]) -> InsertedJob:
         """Enqueue one job; `UniqueConflict` if its unique key is taken. The `Job`
         returned can ``await job.wait(timeout)`` for its result (docs/guide/results.md).
+
+        ``after``: jobs (or ids) this one waits for; ``on_parent_failure``: what
+        happens to it when one of them fails or is cancelled (docs/guide/workflows.md).
         ``backpressure``: ``"signal"`` or ``Reject(limit)`` (docs/guide/backpressure.md)."""
         prepared = producer.prepare(args, **opts, router=self._registry.queue_for)
+        parents = dependencies.parents_of(after, on_parent_failure)
         depths = {}
         async with self._producer() as conn:
             if backpressure != "off":
                 depths = self._record_depths(await bp.check(conn, self._q, (prepared,),
                                                             backpressure))
-            job = await producer.insert_one(conn, self._q, prepared, InsertedJob)
+            if parents is None:
+                job = await producer.insert_one(conn, self._q, prepared, InsertedJob)
+            else:
+                job = await dependencies.insert_after(conn, self._q, prepared, *parents,
+                                                      job_type=InsertedJob)
         return InsertedJob.attach(job, async_waiter=self.wait_for,
                                   depth=depths.get(prepared.queue))
+
+    async def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+        """Insert a `chain`, `group` or `chord` (nested as you like) in one
+        transaction: every job or none."""
+        async with self._producer() as conn:
+            return await insert_workflow(conn, self._q, workflow, self._registry.queue_for)
 
     async def insert_many_copy(self, jobs: Sequence[Any], *,
                                opts: Sequence[Mapping[str, Any] | None] | None = None,

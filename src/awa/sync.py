@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
@@ -20,8 +20,10 @@ from awa.core.backpressure import Backpressure, QueueDepth
 from awa.core.model import Job
 from awa.core.options import InsertOptions
 from awa.core.results import InsertedJob
+from awa.enqueue.dependencies import Policy
 from awa.enqueue.pacing import Pacer
 from awa.enqueue.transaction import Transaction
+from awa.enqueue.workflow import Node, WorkflowRun
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -83,10 +85,17 @@ class SyncTransaction:
         """Every row as a dict."""
         return self._loop.run(self._tx.fetch_all(sql, *args))
 
-    def insert(self, args: Any, *, backpressure: Backpressure = "off",
+    def insert(self, args: Any, *, after: Iterable[Any] | None = None,
+               on_parent_failure: Policy = "cancel", backpressure: Backpressure = "off",
                **opts: Unpack[InsertOptions]) -> Job:
-        """Enqueue one job inside this transaction (``backpressure`` as `Transaction.insert`)."""
-        return self._loop.run(self._tx.insert(args, backpressure=backpressure, **opts))
+        """Enqueue one job inside this transaction (as `Transaction.insert`)."""
+        return self._loop.run(self._tx.insert(args, after=after,
+                                              on_parent_failure=on_parent_failure,
+                                              backpressure=backpressure, **opts))
+
+    def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+        """Insert a `chain`, `group` or `chord` inside this transaction."""
+        return self._loop.run(self._tx.enqueue_workflow(workflow))
 
     def insert_many(self, jobs: Sequence[Any], *,
                     opts: Sequence[Mapping[str, Any] | None] | None = None,
@@ -172,10 +181,13 @@ class Client:
             return await self._async.transaction()
         return SyncTransaction(self._loop, self._loop.run(open_tx()))
 
-    def insert(self, args: Any, *, backpressure: Backpressure = "off",
+    def insert(self, args: Any, *, after: Iterable[Any] | None = None,
+               on_parent_failure: Policy = "cancel", backpressure: Backpressure = "off",
                **opts: Unpack[InsertOptions]) -> InsertedJob:
         """Enqueue one job (`AsyncClient.insert`); ``job.wait_sync(timeout)`` waits for it."""
-        job = self._loop.run(self._async.insert(args, backpressure=backpressure, **opts))
+        job = self._loop.run(self._async.insert(args, after=after,
+                                                on_parent_failure=on_parent_failure,
+                                                backpressure=backpressure, **opts))
         return InsertedJob.attach(job, sync_waiter=self.wait_for, depth=job.queue_depth)
 
     def insert_many_copy(self, jobs: Sequence[Any], *,
@@ -203,8 +215,10 @@ class Client:
     check_schema = _delegate(AsyncClient.check_schema)
     wait_for = _delegate(AsyncClient.wait_for)
     queue_depth = _delegate(AsyncClient.queue_depth)
+    enqueue_workflow = _delegate(AsyncClient.enqueue_workflow)
     enqueue_many_copy = _delegate(AsyncClient.enqueue_many_copy)
     get_job = _delegate(AsyncClient.get_job)
+    workflow = _delegate(AsyncClient.workflow)
     list_jobs = _delegate(AsyncClient.list_jobs)
     dump_job = _delegate(AsyncClient.dump_job)
     cancel = _delegate(AsyncClient.cancel)

@@ -13,6 +13,7 @@ import asyncpg
 from awa.admin import dlq
 from awa.admin import jobs as admin
 from awa.admin.dlq import DlqEntry
+from awa.admin.workflows import WorkflowGraph, workflow_graph
 from awa.core import validate
 from awa.core.errors import ValidationError
 from awa.core.model import Job, QueueStat, ResolveResult, RetryFailedResult
@@ -39,6 +40,10 @@ class AdminOps:
     async def get_job(self, job_id: int) -> Job:
         """The job with this id (active, finished or dead-lettered)."""
         return await admin.get_job(await self.pool(), self._q, job_id)
+
+    async def workflow(self, job_id: int) -> WorkflowGraph:
+        """The jobs connected to ``job_id`` by dependencies, with their states and edges."""
+        return await workflow_graph(await self.pool(), self._q, job_id)
 
     async def list_jobs(self, *, state: JobState | str | None = None, kind: str | None = None,
                         queue: str | None = None, limit: int = 100) -> list[Job]:

@@ -5,7 +5,8 @@ other module adds one noun's commands to it (jobs, queues and more, batch
 operations, overrides, the web UI). Importing this package registers them all.
 """
 
-from awa.cli import batch, jobs, operations, overrides, serve
+from awa.cli import batch, jobs, operations, overrides, serve, workflow
 from awa.cli.root import configure_logging, main
 
-__all__ = ["batch", "configure_logging", "jobs", "main", "operations", "overrides", "serve"]
+__all__ = ["batch", "configure_logging", "jobs", "main", "operations", "overrides", "serve",
+           "workflow"]

@@ -177,3 +177,15 @@ DEPTH_SIGNAL_CAP = 10_000
 #: The largest ``Reject(limit)`` / ``target_depth``: a check reads up to that
 #: many index entries (10-15 ms per 100,000: bench/results/results_backpressure.md).
 DEPTH_LIMIT_MAX = 1_000_000
+
+# -- job dependencies (docs/guide/workflows.md) -------------------------------
+#: A child waiting for its parents is ``scheduled`` at this run_at (the latest
+#: accepted one), so promotion never reaches it; its parents release it.
+PARKED_RUN_AT = RUN_AT_MAX
+#: What happens to a child whose parent failed or was cancelled.
+PARENT_FAILURE_POLICIES = ("cancel", "run_anyway", "discard")
+#: Most parents one job may wait for, and most jobs in one workflow.
+DEPENDENCY_PARENTS_MAX = 10_000
+WORKFLOW_JOBS_MAX = 10_000
+#: Resolved dependency edges (kept for the workflow graph) are pruned after this.
+DEPENDENCY_RETENTION = timedelta(hours=72)

@@ -6,7 +6,7 @@ transaction commits.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -17,8 +17,9 @@ from awa.core.results import AsyncWaiter, InsertedJob
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries, rows_affected
-from awa.enqueue import producer
+from awa.enqueue import dependencies, producer
 from awa.enqueue.backpressure import check
+from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 
 
 class Transaction:
@@ -71,18 +72,29 @@ class Transaction:
             rows = await self._conn.fetch(sql, *args)
         return [dict(r) for r in rows]
 
-    async def insert(self, args: Any, *, backpressure: Backpressure = "off",
+    async def insert(self, args: Any, *, after: Iterable[Any] | None = None,
+                     on_parent_failure: dependencies.Policy = "cancel",
+                     backpressure: Backpressure = "off",
                      **opts: Unpack[InsertOptions]) -> InsertedJob:
-        """Enqueue one job inside this transaction.
+        """Enqueue one job inside this transaction (``after``: see `AsyncClient.insert`).
 
         ``backpressure`` counts the queue on this transaction's connection: jobs
         other producers committed plus the ones this transaction inserted. A
         `QueueFull` leaves the transaction usable; uncaught, it rolls it back."""
         prepared = producer.prepare(args, **opts, router=self._router)
+        parents = dependencies.parents_of(after, on_parent_failure)
         depths = await check(self._conn, self._q, (prepared,), backpressure)
-        job = await producer.insert_one(self._conn, self._q, prepared, InsertedJob)
+        if parents is None:
+            job = await producer.insert_one(self._conn, self._q, prepared, InsertedJob)
+        else:
+            job = await dependencies.insert_after(self._conn, self._q, prepared, *parents,
+                                                  job_type=InsertedJob)
         return InsertedJob.attach(job, async_waiter=self._waiter,
                                   depth=depths.get(prepared.queue))
+
+    async def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+        """Insert a `chain`, `group` or `chord` inside this transaction."""
+        return await insert_workflow(self._conn, self._q, workflow, self._router)
 
     async def insert_many(self, jobs: Sequence[Any], *,
                           opts: Sequence[Mapping[str, Any] | None] | None = None,

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from awa.core.states import DEPENDENCY_RETENTION
 from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService
 from awa.telemetry import joblog
@@ -138,6 +139,7 @@ class Cleaner(PeriodicService):
             await conn.execute(q["result_waiters_prune"])
             await conn.execute(q["callback_rules_prune"])
             await self._delete_in_batches(conn, "dlq_prune", self._dlq_retention)
+            await self._delete_in_batches(conn, "dependency_prune", DEPENDENCY_RETENTION)
 
     async def _delete_in_batches(self, conn: Any, statement: str, *args: Any) -> None:
         """Run a delete of at most ``batch_size`` rows (its last parameter) until

@@ -29,6 +29,8 @@ from awa.core.states import JobState
 from awa.core.validate import check_timeout
 from awa.db.errors import translated
 from awa.db.queries import Queries
+from awa.enqueue import dependencies
+from awa.enqueue.dependencies import ParentResult
 from awa.enqueue.producer import Router
 from awa.enqueue.transaction import Transaction
 from awa.worker.followups import StagingBuffer
@@ -215,6 +217,13 @@ class JobContext:
         if len(text.encode()) > states.OUTPUT_MAX_BYTES:
             raise ValidationError("output", f"at most {states.OUTPUT_MAX_BYTES} bytes of JSON")
         self.output_json = text
+
+    async def parent_outputs(self) -> list[ParentResult]:
+        """The jobs this one waited for (``after=``, a chain or a chord), in order,
+        with how they finished and their retained outputs."""
+        db = self._require_active("parent_outputs")
+        async with db.ops.acquire() as conn:
+            return await dependencies.parent_outputs(conn, db.q, self._job.id)
 
     def _require_active(self, what: str) -> AttemptDb:
         if not self._active or self._db is None:

@@ -147,8 +147,9 @@ WHERE id = $1 AND state = 'waiting_external'
 RETURNING *
 
 -- name: storage_reset
--- install_queue_storage(reset=True): remove every job and unique claim.
-WITH a AS (DELETE FROM awa.jobs), d AS (DELETE FROM awa.jobs_done)
+-- install_queue_storage(reset=True): remove every job, unique claim and dependency.
+WITH a AS (DELETE FROM awa.jobs), d AS (DELETE FROM awa.jobs_done),
+     e AS (DELETE FROM awa.job_dependencies)
 DELETE FROM awa.unique_claims
 
 -- name: storage_status

@@ -120,6 +120,11 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         full = request.query_params.get("full") in ("1", "true")
         return JSONResponse(data.job_detail(found, dlq, full=full))
 
+    async def job_workflow(request: Request) -> Response:
+        client = await state.client()
+        async with state.reading() as conn:
+            return JSONResponse(await data.workflow(conn, client._q, _int(request, "id")))
+
     async def queues(_: Request) -> Response:
         client = await state.client()
         async with state.reading() as conn:
@@ -260,6 +265,7 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
 
     reads: list[tuple[str, Handler]] = [
         ("/api/overview", overview), ("/api/jobs", jobs), ("/api/jobs/{id}", job),
+        ("/api/jobs/{id:int}/workflow", job_workflow),
         ("/api/queues", queues), ("/api/cron", cron), ("/api/dlq", dlq),
         ("/api/runtime", runtime), ("/api/batches", batches),
         ("/api/batches/preview", batch_preview), ("/api/batches/{id}", batch_one)]

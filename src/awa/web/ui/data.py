@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from awa.admin import descriptors as awa_descriptors
+from awa.admin.workflows import workflow_graph
 from awa.core import validate
 from awa.core.model import Job
 from awa.core.states import TERMINAL, JobState
@@ -188,3 +189,10 @@ async def runtime(conn: Conn, q: Queries) -> dict[str, Any]:
                 "holder": leader["holder"], "expires_at": _iso(leader["expires_at"]),
                 "live": leader["live"]}}
 
+
+
+async def workflow(conn: Conn, q: Queries, job_id: int) -> dict[str, Any]:
+    """The dependency graph around a job, by layer (a job's layer is one more
+    than its deepest parent's), for the job page; one node when it has none."""
+    graph = await workflow_graph(conn, q, job_id)
+    return {**graph.as_dict(), "layers": [[n.id for n in layer] for layer in graph.layers()]}

@@ -218,6 +218,8 @@ async function jobView(route) {
   const full = route.params.get("full") === "1";
   const r = await api("jobs/" + route.id + (full ? "?full=1" : ""));
   const j = r.job;
+  const wf = await api("jobs/" + route.id + "/workflow");
+  const waiting = wf.nodes.some((n) => n.id === j.id && n.status === "waiting");
   const cut = r.truncated || {};
   // A value over the page's limit arrives as a text preview: say so, link the whole.
   const big = (name, value) => cut[name]
@@ -237,12 +239,13 @@ async function jobView(route) {
     <div>kind</div><div>${esc(j.kind)}</div><div>queue</div><div>${esc(j.queue)}</div>
     <div>attempt</div><div>${j.attempt} of ${j.max_attempts}</div>
     <div>priority</div><div>${j.priority}</div><div>tags</div><div>${esc(j.tags.join(", ") || "—")}</div>
-    <div>run at</div><div>${when(j.run_at)}</div><div>created</div><div>${when(j.created_at)}</div>
+    <div>run at</div><div>${waiting ? "when its parents finish" : when(j.run_at)}</div><div>created</div><div>${when(j.created_at)}</div>
     <div>finished</div><div>${when(j.finalized_at)}</div>
     <div>callback</div><div id="callback">${esc(r.callback || "—")}</div>
     ${r.dlq ? `<div>dead-lettered</div><div>${esc(r.dlq.reason)}, ${when(r.dlq.dlq_at)}</div>` : ""}
     ${j.traceparent ? `<div>trace</div><div class="mono">${esc(j.traceparent)}</div>` : ""}
   </div>
+  ${workflowGraph(wf, j.id)}
   <h2>Progress</h2>${j.progress ? `${pct !== null ? `<div class="progress"><span style="width:${pct}%"></span></div> ${pct}%` : ""}
     ${prog.message ? `<p>${esc(prog.message)}</p>` : ""}${big("progress", j.progress)}` : `<p class="muted">None reported.</p>`}
   <h2>Timeline</h2><ul class="timeline" id="timeline">${r.timeline.map((e) => `<li>
@@ -251,6 +254,23 @@ async function jobView(route) {
   <h2>Args</h2><div id="args">${big("args", j.args)}</div>
   <h2>Output</h2>${j.output === null || j.output === undefined ? `<p class="muted">None.</p>` : big("output", j.output)}
   <h2>Metadata</h2>${big("metadata", j.metadata)}`;
+}
+
+// The jobs connected to this one by dependencies, one row per layer (a job's layer is
+// one more than its deepest parent's); "waiting" = parked until its parents finish.
+function workflowGraph(wf, current) {
+  if (wf.nodes.length < 2) return "";
+  const byId = new Map(wf.nodes.map((n) => [n.id, n]));
+  const me = byId.get(current);
+  const node = (n) => `<div class="wf-node${n.id === current ? " current" : ""}" data-job="${n.id}">
+    <a href="#/jobs/${n.id}">${n.id}</a> ${esc(n.kind || "—")} ${stateChip(n.status)}
+    ${n.parents.length ? `<div class="muted">after ${n.parents.map((e) => `<a href="#/jobs/${e.parent_id}">${e.parent_id}</a>`).join(", ")}
+      · ${esc(n.parents[0].policy)}</div>` : ""}</div>`;
+  return `<h2>Workflow</h2>
+  ${me && me.waiting_on ? `<p id="waiting-on">Waiting for ${me.waiting_on} parent job(s) to finish.</p>` : ""}
+  <div class="workflow" id="workflow">${wf.layers.map((layer) => `<div class="wf-layer">
+    ${layer.map((id) => node(byId.get(id))).join("")}</div>`).join("")}</div>
+  ${wf.truncated ? `<p class="muted">Only the first ${wf.nodes.length} jobs are shown.</p>` : ""}`;
 }
 
 async function cronView() {
