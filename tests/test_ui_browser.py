@@ -40,7 +40,9 @@ async def test_every_page_with_real_data(client: awa.AsyncClient, page: Any) -> 
             "document.querySelector('#callback')?.innerText"
             ".startsWith('waiting for callback #1')", timeout=5000)
         await open_view(page, f"{base}/#/jobs/{s.completed_id}", "job")
-        assert "delivered" in await page.inner_text("main")
+        # Job page to job page again: wait for this job's output (5 s), not the last page's.
+        await page.wait_for_function(
+            "document.querySelector('main')?.innerText.includes('delivered')", timeout=5000)
 
         await open_view(page, f"{base}/#/queues", "queues")
         assert await page.locator('#queues tr[data-queue="reports"]').count() == 1

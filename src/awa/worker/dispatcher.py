@@ -162,7 +162,7 @@ class Dispatcher:
 
     async def _loop(self) -> None:
         name = self.cfg.name
-        coalesced = False
+        coalesced = probe = False
         aging = self.cfg.priority_aging_interval.total_seconds()
         while not self._stopped():
             deadline = self.cfg.deadline.total_seconds()  # re-read: overrides change it
@@ -194,14 +194,11 @@ class Dispatcher:
                 rows: list[asyncpg.Record] = []
                 keyed: list[asyncpg.Record] = []
                 try:
-                    if self.keys.active:
+                    if self.keys.active or probe:
                         keyed = await self.keys.claim(self._db, name, want, deadline, aging)
                     else:
                         rows = await self._db.fetch(self._q["attempt_claim"], name, want,
                                                     deadline, aging)
-                        if len(rows) < want and self.keys.probe_due():
-                            keyed = await self.keys.claim(self._db, name, want - len(rows),
-                                                          deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
                     self.claim_failures, self.last_claim_error = 0, None
                     self._failures.ok(f"claim from {name!r}")
@@ -221,7 +218,11 @@ class Dispatcher:
                     self._take_rows(keyed, job_from_row)
                 self._start_ready()
                 self.claimed += got
-                more = got == want or (self.keys.active and self.keys.capped)
+                # A short plain claim may hide keyed jobs: look for them next round,
+                # after the jobs just claimed have started (never holding them back).
+                probe = (not probe and not self.keys.active and len(rows) < want
+                         and self.keys.probe_due())
+                more = got == want or (self.keys.active and self.keys.capped) or probe
                 self._capacity.set_hungry(name, more and want >= free)
                 if more:
                     continue
