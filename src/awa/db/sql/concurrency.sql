@@ -7,14 +7,19 @@
 -- unique_violation, and the dispatcher claims again (see worker/keyed.py).
 
 -- fragment: concurrency_key_grant
--- For the key head `h` (key, lim) the walk just reached: the slots its jobs
--- in flight hold (`t.taken`) and how many of its available jobs this claim
--- may take (`g.avail`). A key with a free slot is also try-locked for this
--- transaction, so two claims racing for one key rarely pick the same slot:
--- the one that does not get the lock passes the key by this time.
+-- For the key head `h` (key, lim) the walk just reached, with `h.want` jobs
+-- still to find: the slots its jobs in flight hold (`t.taken`, one probe of
+-- the slot index) and how many of its available jobs this claim takes
+-- (`g.avail`: counted up to the smaller of its free slots and what the claim
+-- still wants, never further). A key with a free slot is also try-locked for
+-- this transaction, so two claims racing for one key rarely pick the same
+-- slot: the one that does not get the lock passes the key by this time.
+-- `OFFSET 0` keeps each subquery a unit the planner runs once per key: pulled
+-- up, `t.taken` was read again for every place it is used (three probes).
 LATERAL (SELECT array(SELECT r.concurrency_slot FROM awa.jobs r
                       WHERE r.concurrency_key = h.key AND r.concurrency_slot IS NOT NULL
-                        AND r.state IN ('running', 'waiting_external')) AS taken) t,
+                        AND r.state IN ('running', 'waiting_external')) AS taken
+         OFFSET 0) t,
 LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
                       AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
                                                     hashtext(h.key))
@@ -22,8 +27,9 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
                               SELECT 1 FROM awa.jobs a
                               WHERE a.state = 'available' AND a.queue = $1
                                 AND a.concurrency_key = h.key
-                              LIMIT h.lim - cardinality(t.taken)) c)
-                     ELSE 0 END AS avail) g
+                              LIMIT least(h.lim - cardinality(t.taken), h.want)) c)
+                     ELSE 0 END AS avail
+         OFFSET 0) g
 
 -- name: attempt_claim_keyed
 -- attempt_claim for a queue that holds keyed jobs: up to $2 jobs of queue $1
@@ -50,8 +56,8 @@ WITH RECURSIVE open AS (
         SELECT 1 FROM awa.jobs
         WHERE state = 'available' AND queue = $1 AND concurrency_key IS NULL) AS ok
 ), walk(key, taken, take, found, visits, wrapped) AS (
-    SELECT h.key, t.taken, least(g.avail, $2), 0::bigint, 1, h.wrap
-    FROM (SELECT * FROM (
+    SELECT h.key, t.taken, g.avail, 0::bigint, 1, h.wrap
+    FROM (SELECT *, $2::bigint AS want FROM (SELECT * FROM (
               SELECT a.concurrency_key AS key,
                      coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
                      false AS wrap
@@ -67,13 +73,12 @@ WITH RECURSIVE open AS (
               WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
                 AND (SELECT ok FROM open)
               ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) from_start
-          LIMIT 1) h,
+          LIMIT 1) h0) h,
     {{concurrency_key_grant}}
     UNION ALL
-    SELECT h.key, t.taken, least(g.avail, $2 - w.found - w.take), w.found + w.take,
-           w.visits + 1, w.wrapped OR h.wrap
+    SELECT h.key, t.taken, g.avail, w.found + w.take, w.visits + 1, w.wrapped OR h.wrap
     FROM walk w,
-    LATERAL (SELECT * FROM (
+    LATERAL (SELECT *, $2 - w.found - w.take AS want FROM (SELECT * FROM (
                  SELECT a.concurrency_key AS key,
                         coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
                         false AS wrap
@@ -89,28 +94,31 @@ WITH RECURSIVE open AS (
                  WHERE a.state = 'available' AND a.queue = $1
                    AND a.concurrency_key IS NOT NULL AND NOT w.wrapped
                  ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) wrap_around
-             LIMIT 1) h,
+             LIMIT 1) h0) h,
     {{concurrency_key_grant}}
     WHERE w.found + w.take < $2 AND w.visits < $6
       -- after wrapping around, stop on reaching the keys the walk began with
       AND NOT ((w.wrapped OR h.wrap) AND h.key > $5::text)
+), grants AS MATERIALIZED (
+    -- The free slots of each key the walk grants, lowest first, as many as it
+    -- takes of the key: its rn-th job gets free[rn]. Computed once per key
+    -- (MATERIALIZED: inlined, the array was built again for every job).
+    SELECT w.key, w.take,
+           array(SELECT s FROM generate_series(1, cardinality(w.taken) + w.take::integer) s
+                 WHERE s <> ALL (w.taken) ORDER BY s LIMIT w.take) AS free
+    FROM walk w
+    WHERE w.take > 0
 ), keyed AS (
-    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, w.taken,
-           row_number() OVER (PARTITION BY w.key ORDER BY x.priority, x.run_at, x.id) AS rn
-    FROM walk w,
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim,
+           g.free[(row_number() OVER (PARTITION BY g.key
+                                      ORDER BY x.priority, x.run_at, x.id))::integer] AS slot
+    FROM grants g,
     LATERAL (SELECT a.id, a.priority, a.run_at, a.ordering_key,
                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
              FROM awa.jobs a
-             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = w.key
-             ORDER BY a.priority, a.run_at, a.id LIMIT w.take
+             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = g.key
+             ORDER BY a.priority, a.run_at, a.id LIMIT g.take
              FOR UPDATE SKIP LOCKED) x
-    WHERE w.take > 0
-), keyed_slots AS (
-    -- The rn-th lowest slot no job in flight holds (it is at most taken + rn).
-    SELECT k.id, k.priority, k.run_at, k.ordering_key,
-           (SELECT s FROM generate_series(1, cardinality(k.taken) + k.rn::integer) s
-            WHERE s <> ALL (k.taken) ORDER BY s OFFSET k.rn - 1 LIMIT 1) AS slot, k.lim
-    FROM keyed k
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
@@ -135,7 +143,7 @@ WITH RECURSIVE open AS (
     SELECT id, slot FROM (
         SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
         UNION ALL SELECT * FROM c4
-        UNION ALL SELECT id, priority, run_at, ordering_key, slot FROM keyed_slots
+        UNION ALL SELECT id, priority, run_at, ordering_key, slot FROM keyed
         WHERE slot <= lim) c
     WHERE c.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM awa.jobs r
