@@ -27,6 +27,7 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
                               SELECT 1 FROM awa.jobs a
                               WHERE a.state = 'available' AND a.queue = $1
                                 AND a.concurrency_key = h.key
+                                AND (a.priority, a.run_at, a.id) >= (h.hp, h.hr, h.hid)
                               LIMIT least(h.lim - cardinality(t.taken), h.want)) c)
                      ELSE 0 END AS avail
          OFFSET 0) g
@@ -55,12 +56,16 @@ WITH RECURSIVE open AS (
     SELECT (SELECT ok FROM open) AND EXISTS (
         SELECT 1 FROM awa.jobs
         WHERE state = 'available' AND queue = $1 AND concurrency_key IS NULL) AS ok
-), walk(key, taken, take, found, visits, wrapped) AS (
-    SELECT h.key, t.taken, g.avail, 0::bigint, 1, h.wrap
+), walk(key, hp, hr, hid, taken, take, found, visits, wrapped) AS (
+    -- Each key's head (its first available job: priority, run_at, id) is where
+    -- the count here and the claim below start their scans of the key: the
+    -- head probe already stepped over the entries of jobs claimed a moment
+    -- ago (dead, but not yet marked so in the index), they need not again.
+    SELECT h.key, h.hp, h.hr, h.hid, t.taken, g.avail, 0::bigint, 1, h.wrap
     FROM (SELECT *, $2::bigint AS want FROM (SELECT * FROM (
               SELECT a.concurrency_key AS key,
                      coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
-                     false AS wrap
+                     false AS wrap, a.priority AS hp, a.run_at AS hr, a.id AS hid
               FROM awa.jobs a
               WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
                 AND a.concurrency_key > $5::text AND (SELECT ok FROM open)
@@ -68,7 +73,8 @@ WITH RECURSIVE open AS (
           UNION ALL
           SELECT * FROM (
               SELECT a.concurrency_key,
-                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true
+                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true,
+                     a.priority, a.run_at, a.id
               FROM awa.jobs a
               WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
                 AND (SELECT ok FROM open)
@@ -76,12 +82,13 @@ WITH RECURSIVE open AS (
           LIMIT 1) h0) h,
     {{concurrency_key_grant}}
     UNION ALL
-    SELECT h.key, t.taken, g.avail, w.found + w.take, w.visits + 1, w.wrapped OR h.wrap
+    SELECT h.key, h.hp, h.hr, h.hid, t.taken, g.avail, w.found + w.take, w.visits + 1,
+           w.wrapped OR h.wrap
     FROM walk w,
     LATERAL (SELECT *, $2 - w.found - w.take AS want FROM (SELECT * FROM (
                  SELECT a.concurrency_key AS key,
                         coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
-                        false AS wrap
+                        false AS wrap, a.priority AS hp, a.run_at AS hr, a.id AS hid
                  FROM awa.jobs a
                  WHERE a.state = 'available' AND a.queue = $1
                    AND a.concurrency_key IS NOT NULL AND a.concurrency_key > w.key
@@ -89,7 +96,8 @@ WITH RECURSIVE open AS (
              UNION ALL
              SELECT * FROM (
                  SELECT a.concurrency_key,
-                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true
+                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true,
+                        a.priority, a.run_at, a.id
                  FROM awa.jobs a
                  WHERE a.state = 'available' AND a.queue = $1
                    AND a.concurrency_key IS NOT NULL AND NOT w.wrapped
@@ -103,22 +111,23 @@ WITH RECURSIVE open AS (
     -- The free slots of each key the walk grants, lowest first, as many as it
     -- takes of the key: its rn-th job gets free[rn]. Computed once per key
     -- (MATERIALIZED: inlined, the array was built again for every job).
-    SELECT w.key, w.take,
+    SELECT w.key, w.hp, w.hr, w.hid, w.take,
            array(SELECT s FROM generate_series(1, cardinality(w.taken) + w.take::integer) s
                  WHERE s <> ALL (w.taken) ORDER BY s LIMIT w.take) AS free
     FROM walk w
     WHERE w.take > 0
 ), keyed AS (
-    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim,
-           g.free[(row_number() OVER (PARTITION BY g.key
-                                      ORDER BY x.priority, x.run_at, x.id))::integer] AS slot
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot
     FROM grants g,
-    LATERAL (SELECT a.id, a.priority, a.run_at, a.ordering_key,
-                    coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
-             FROM awa.jobs a
-             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = g.key
-             ORDER BY a.priority, a.run_at, a.id LIMIT g.take
-             FOR UPDATE SKIP LOCKED) x
+    LATERAL (SELECT l.*, (row_number() OVER (ORDER BY l.priority, l.run_at, l.id))::integer AS rn
+             FROM (
+                 SELECT a.id, a.priority, a.run_at, a.ordering_key,
+                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
+                 FROM awa.jobs a
+                 WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = g.key
+                   AND (a.priority, a.run_at, a.id) >= (g.hp, g.hr, g.hid)
+                 ORDER BY a.priority, a.run_at, a.id LIMIT g.take
+                 FOR UPDATE SKIP LOCKED) l) x
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
