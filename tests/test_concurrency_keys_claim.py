@@ -45,8 +45,8 @@ async def test_claim_fills_the_lowest_free_slots(client: awa.AsyncClient,
     await conn.execute("DELETE FROM awa.jobs WHERE concurrency_slot IN (2, 4)")
     assert _slots(await _claim(conn, 10)) == [2, 4]
     assert _slots(await _claim(conn, 10)) == []
-    running = await conn.fetchval("SELECT array_agg(concurrency_slot ORDER BY concurrency_slot) FROM awa.jobs "
-                                  "WHERE state = 'running'")
+    running = await conn.fetchval("SELECT array_agg(concurrency_slot ORDER BY concurrency_slot)"
+                                  " FROM awa.jobs WHERE state = 'running'")
     assert list(running) == [1, 2, 3, 4, 5]
 
 
