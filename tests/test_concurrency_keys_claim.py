@@ -109,3 +109,22 @@ async def test_claim_plan_stays_below_the_jit_threshold(client: awa.AsyncClient,
                                    "'default', 32, 0, 0, 'one', 500)")
         cost = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]["Total Cost"]
         assert cost < threshold, (mode, cost)
+
+
+async def test_claim_walks_on_past_a_saturated_key_and_wraps(client: awa.AsyncClient,
+                                                             conn: asyncpg.Connection) -> None:
+    """A key at its limit whose backlog fills the first range the claim reads
+    gives nothing, and the claim goes on key by key to fill the batch; the next
+    claim goes on after where it stopped, wraps round to the first key, and
+    stops before the keys it began with."""
+    await client.enqueue_many_copy([Work(i) for i in range(100)], concurrency_key="a-hot",
+                                   max_in_flight=1)
+    await client.enqueue_many_copy([Work(i) for i in range(10)],
+                                   opts=[{"concurrency_key": f"b{i}"} for i in range(10)])
+    rows = await _claim(conn, 8)
+    assert sorted(r["concurrency_key"] for r in rows) == ["a-hot"] + [f"b{i}" for i in range(7)]
+    assert rows[-1]["cursor"] == "b6"
+    rows = [r for r in await _claim(conn, 8, "b6") if r["id"] is not None]
+    assert sorted(r["concurrency_key"] for r in rows) == ["b7", "b8", "b9"]
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE state = 'running' "
+                               "AND concurrency_key = 'a-hot'") == 1
