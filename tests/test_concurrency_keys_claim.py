@@ -94,7 +94,8 @@ async def test_claim_plan_stays_below_the_jit_threshold(client: awa.AsyncClient,
     """With a backlog of one key, the planner's cost for the claim must stay under
     jit_above_cost: above it, a connection with JIT on (anything behind a pooler,
     where Awa cannot turn JIT off) compiled the claim for a second or two on
-    every run. The estimate once was ~800,000 at 20,000 jobs."""
+    every run. The estimate once was ~800,000 at 20,000 jobs (and ~90,000 in a
+    draft that left the rows of its per-key LIMITs to the planner's guess)."""
     await client.enqueue_many_copy([Work(i) for i in range(20000)], concurrency_key="one",
                                    max_in_flight=1000)
     await _claim(conn, 32)  # some jobs in flight, as in a drain
@@ -108,7 +109,9 @@ async def test_claim_plan_stays_below_the_jit_threshold(client: awa.AsyncClient,
         plan = await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE keyed_claim("
                                    "'default', 32, 0, 0, 'one', 500)")
         cost = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]["Total Cost"]
-        assert cost < threshold, (mode, cost)
+        # A quarter of the threshold: headroom for a backlog several times
+        # larger (the estimate grows with the table).
+        assert cost < threshold / 4, (mode, cost)
 
 
 async def test_claim_walks_on_past_a_saturated_key_and_wraps(client: awa.AsyncClient,

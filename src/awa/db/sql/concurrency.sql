@@ -159,6 +159,11 @@ WITH RECURSIVE open AS (
                    AND (a.priority, a.run_at, a.id) >= (g.hp, g.hr, g.hid)
                  ORDER BY a.priority, a.run_at, a.id LIMIT g.take
                  FOR UPDATE SKIP LOCKED) l) x
+    -- Never reached (the grants add up to at most $2), but it caps the rows
+    -- the planner expects: it guesses a tenth of each key's jobs per LIMIT
+    -- g.take, and a plan costed on that crossed jit_above_cost with a big
+    -- backlog (a JIT-compiled claim takes seconds).
+    LIMIT 1000
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
