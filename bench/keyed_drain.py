@@ -2,6 +2,7 @@
 
     python bench/keyed_drain.py                      # this tree: unkeyed, 1, 100, 10,000 keys
     python bench/keyed_drain.py --main /work/main    # also main's unkeyed drain, alternating
+    python bench/keyed_drain.py --baseline /tmp/old  # every scenario on another tree too
 
 Each trial is a fresh database and a fresh process (``PYTHONPATH`` picks the
 source tree, so main and this branch run the same harness): N jobs are
@@ -91,6 +92,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--main", type=Path, help="a checkout of main, for its unkeyed drain")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout: run every scenario on it too, alternating")
     parser.add_argument("--keys", default="0,1,100,10000")
     parser.add_argument("--trial", type=int, help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -106,6 +109,9 @@ def main() -> None:
         scenarios.append(("main, unkeyed", opts.main, 0))
     for k in (int(x) for x in opts.keys.split(",")):
         scenarios.append((f"branch, {k:,} keys" if k else "branch, unkeyed", ROOT, k))
+        if opts.baseline is not None:
+            scenarios.append((f"baseline, {k:,} keys" if k else "baseline, unkeyed",
+                              opts.baseline, k))
     rates: dict[str, list[float]] = {name: [] for name, _, _ in scenarios}
     for r in range(opts.rounds):
         for name, src, keys in scenarios:

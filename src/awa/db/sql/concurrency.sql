@@ -7,14 +7,19 @@
 -- unique_violation, and the dispatcher claims again (see worker/keyed.py).
 
 -- fragment: concurrency_key_grant
--- For the key head `h` (key, lim) the walk just reached: the slots its jobs
--- in flight hold (`t.taken`) and how many of its available jobs this claim
--- may take (`g.avail`). A key with a free slot is also try-locked for this
--- transaction, so two claims racing for one key rarely pick the same slot:
--- the one that does not get the lock passes the key by this time.
+-- For the key head `h` (key, lim) the walk just reached, with `h.want` jobs
+-- still to find: the slots its jobs in flight hold (`t.taken`, one probe of
+-- the slot index) and how many of its available jobs this claim takes
+-- (`g.avail`: counted from its head job up to the smaller of its free slots
+-- and what the claim still wants, never further). A key with a free slot is also try-locked for
+-- this transaction, so two claims racing for one key rarely pick the same
+-- slot: the one that does not get the lock passes the key by this time.
+-- `OFFSET 0` keeps each subquery a unit the planner runs once per key: pulled
+-- up, `t.taken` was read again for every place it is used (three probes).
 LATERAL (SELECT array(SELECT r.concurrency_slot FROM awa.jobs r
                       WHERE r.concurrency_key = h.key AND r.concurrency_slot IS NOT NULL
-                        AND r.state IN ('running', 'waiting_external')) AS taken) t,
+                        AND r.state IN ('running', 'waiting_external')) AS taken
+         OFFSET 0) t,
 LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
                       AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
                                                     hashtext(h.key))
@@ -22,8 +27,10 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
                               SELECT 1 FROM awa.jobs a
                               WHERE a.state = 'available' AND a.queue = $1
                                 AND a.concurrency_key = h.key
-                              LIMIT h.lim - cardinality(t.taken)) c)
-                     ELSE 0 END AS avail) g
+                                AND (a.priority, a.run_at, a.id) >= (h.hp, h.hr, h.hid)
+                              LIMIT least(h.lim - cardinality(t.taken), h.want)) c)
+                     ELSE 0 END AS avail
+         OFFSET 0) g
 
 -- name: attempt_claim_keyed
 -- attempt_claim for a queue that holds keyed jobs: up to $2 jobs of queue $1
@@ -31,8 +38,11 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
 -- exactly as attempt_claim takes them, keyed ones by walking the keys that
 -- have available jobs in turn (round robin): from the first key after $5
 -- (the cursor the previous claim returned, '' at first) to the last, then
--- from the first again, at most $6 keys. A key with every slot taken costs
--- one step and is passed, so a saturated key never holds up the others.
+-- from the first again, at most $6 keys. The walk begins with one range scan
+-- of the next $2 keyed jobs in key order (`chunk`), which covers many keys at
+-- once when each holds few jobs, and goes on key by key (`walk`) only if the
+-- chunk's keys could not fill the claim. A key with every slot taken is
+-- passed, so a saturated key never holds up the others.
 -- Within a key, jobs go by priority, then age; each takes the lowest free
 -- slot not above its own limit (its max_in_flight, else the queue's
 -- key_max_in_flight, else 1). Returns attempt_claim's columns, then the key,
@@ -49,34 +59,60 @@ WITH RECURSIVE open AS (
     SELECT (SELECT ok FROM open) AND EXISTS (
         SELECT 1 FROM awa.jobs
         WHERE state = 'available' AND queue = $1 AND concurrency_key IS NULL) AS ok
-), walk(key, taken, take, found, visits, wrapped) AS (
-    SELECT h.key, t.taken, least(g.avail, $2), 0::bigint, 1, h.wrap
-    FROM (SELECT * FROM (
-              SELECT a.concurrency_key AS key,
-                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
-                     false AS wrap
-              FROM awa.jobs a
-              WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
-                AND a.concurrency_key > $5::text AND (SELECT ok FROM open)
-              ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) after_cursor
-          UNION ALL
-          SELECT * FROM (
-              SELECT a.concurrency_key,
-                     coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true
-              FROM awa.jobs a
-              WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
-                AND (SELECT ok FROM open)
-              ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) from_start
-          LIMIT 1) h,
-    {{concurrency_key_grant}}
+), chunk AS MATERIALIZED (
+    -- The next $2 keyed jobs in key order from the cursor, wrapping round to
+    -- the first key: one range scan of the claim index that, when keys hold
+    -- few jobs each, visits many keys at once (each key's head and how many
+    -- of its jobs wait, without a probe per key).
+    SELECT * FROM (
+        SELECT * FROM (
+            SELECT a.concurrency_key AS key,
+                   coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
+                   a.priority AS hp, a.run_at AS hr, a.id AS hid, false AS wrap
+            FROM awa.jobs a
+            WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
+              AND a.concurrency_key > $5::text AND (SELECT ok FROM open)
+            ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT $2) after_cursor
+        UNION ALL
+        SELECT * FROM (
+            SELECT a.concurrency_key,
+                   coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1),
+                   a.priority, a.run_at, a.id, true
+            FROM awa.jobs a
+            WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
+              AND a.concurrency_key <= $5::text AND (SELECT ok FROM open)
+            ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT $2) from_start
+        LIMIT $2) c
+), chunk_keys AS MATERIALIZED (
+    -- Each key of the chunk (in walk order, its head first) and what it gets:
+    -- up to its free slots of the jobs the chunk holds of it.
+    SELECT k.*, row_number() OVER (ORDER BY k.wrap, k.key) AS visit, t.taken,
+           CASE WHEN k.lim > cardinality(t.taken)
+                 AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
+                                               hashtext(k.key))
+                THEN least(k.n, k.lim - cardinality(t.taken)) ELSE 0 END AS take
+    FROM (SELECT DISTINCT ON (c.wrap, c.key) c.*, count(*) OVER (PARTITION BY c.key) AS n
+          FROM chunk c ORDER BY c.wrap, c.key, c.hp, c.hr, c.hid) k,
+    LATERAL (SELECT array(SELECT r.concurrency_slot FROM awa.jobs r
+                          WHERE r.concurrency_key = k.key AND r.concurrency_slot IS NOT NULL
+                            AND r.state IN ('running', 'waiting_external')) AS taken
+             OFFSET 0) t
+), walk(key, hp, hr, hid, taken, take, found, visits, wrapped) AS (
+    -- Only when the chunk is full but its keys could not give $2 jobs (some at
+    -- their limit): go on key by key from the chunk's last key. The first row
+    -- is that last key again, with nothing to take.
+    SELECT l.key, l.hp, l.hr, l.hid, '{}'::integer[], 0::bigint,
+           (SELECT sum(take) FROM chunk_keys)::bigint, l.visit::integer, l.wrap
+    FROM (SELECT * FROM chunk_keys ORDER BY visit DESC LIMIT 1) l
+    WHERE (SELECT count(*) FROM chunk) = $2 AND (SELECT sum(take) FROM chunk_keys) < $2
     UNION ALL
-    SELECT h.key, t.taken, least(g.avail, $2 - w.found - w.take), w.found + w.take,
-           w.visits + 1, w.wrapped OR h.wrap
+    SELECT h.key, h.hp, h.hr, h.hid, t.taken, g.avail, w.found + w.take, w.visits + 1,
+           w.wrapped OR h.wrap
     FROM walk w,
-    LATERAL (SELECT * FROM (
+    LATERAL (SELECT *, $2 - w.found - w.take AS want FROM (SELECT * FROM (
                  SELECT a.concurrency_key AS key,
                         coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
-                        false AS wrap
+                        false AS wrap, a.priority AS hp, a.run_at AS hr, a.id AS hid
                  FROM awa.jobs a
                  WHERE a.state = 'available' AND a.queue = $1
                    AND a.concurrency_key IS NOT NULL AND a.concurrency_key > w.key
@@ -84,33 +120,50 @@ WITH RECURSIVE open AS (
              UNION ALL
              SELECT * FROM (
                  SELECT a.concurrency_key,
-                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true
+                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1), true,
+                        a.priority, a.run_at, a.id
                  FROM awa.jobs a
                  WHERE a.state = 'available' AND a.queue = $1
                    AND a.concurrency_key IS NOT NULL AND NOT w.wrapped
                  ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT 1) wrap_around
-             LIMIT 1) h,
+             LIMIT 1) h0) h,
     {{concurrency_key_grant}}
     WHERE w.found + w.take < $2 AND w.visits < $6
       -- after wrapping around, stop on reaching the keys the walk began with
       AND NOT ((w.wrapped OR h.wrap) AND h.key > $5::text)
-), keyed AS (
-    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, w.taken,
-           row_number() OVER (PARTITION BY w.key ORDER BY x.priority, x.run_at, x.id) AS rn
-    FROM walk w,
-    LATERAL (SELECT a.id, a.priority, a.run_at, a.ordering_key,
-                    coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
-             FROM awa.jobs a
-             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = w.key
-             ORDER BY a.priority, a.run_at, a.id LIMIT w.take
-             FOR UPDATE SKIP LOCKED) x
+), visited AS (
+    SELECT key, hp, hr, hid, taken, take, visit AS visits FROM chunk_keys
+    UNION ALL
+    SELECT key, hp, hr, hid, taken, take, visits FROM walk
+), grants AS MATERIALIZED (
+    -- The free slots of each key the walk grants, lowest first, as many as it
+    -- takes of the key: its rn-th job gets free[rn]. Computed once per key
+    -- (MATERIALIZED: inlined, the array was built again for every job).
+    SELECT w.key, w.hp, w.hr, w.hid, w.take,
+           array(SELECT s FROM generate_series(1, cardinality(w.taken) + w.take::integer) s
+                 WHERE s <> ALL (w.taken) ORDER BY s LIMIT w.take) AS free
+    FROM visited w
     WHERE w.take > 0
-), keyed_slots AS (
-    -- The rn-th lowest slot no job in flight holds (it is at most taken + rn).
-    SELECT k.id, k.priority, k.run_at, k.ordering_key,
-           (SELECT s FROM generate_series(1, cardinality(k.taken) + k.rn::integer) s
-            WHERE s <> ALL (k.taken) ORDER BY s OFFSET k.rn - 1 LIMIT 1) AS slot, k.lim
-    FROM keyed k
+), keyed AS (
+    -- Each granted key's jobs, locked from its head (the first job of it the
+    -- chunk or the walk saw): the index still holds entries of jobs claimed a
+    -- moment ago, not yet marked dead, and only the first read steps over them.
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot
+    FROM grants g,
+    LATERAL (SELECT l.*, (row_number() OVER (ORDER BY l.priority, l.run_at, l.id))::integer AS rn
+             FROM (
+                 SELECT a.id, a.priority, a.run_at, a.ordering_key,
+                        coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
+                 FROM awa.jobs a
+                 WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = g.key
+                   AND (a.priority, a.run_at, a.id) >= (g.hp, g.hr, g.hid)
+                 ORDER BY a.priority, a.run_at, a.id LIMIT g.take
+                 FOR UPDATE SKIP LOCKED) l) x
+    -- Never reached (the grants add up to at most $2), but it caps the rows
+    -- the planner expects: it guesses a tenth of each key's jobs per LIMIT
+    -- g.take, and a plan costed on that crossed jit_above_cost with a big
+    -- backlog (a JIT-compiled claim takes seconds).
+    LIMIT 1000
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
@@ -135,7 +188,7 @@ WITH RECURSIVE open AS (
     SELECT id, slot FROM (
         SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
         UNION ALL SELECT * FROM c4
-        UNION ALL SELECT id, priority, run_at, ordering_key, slot FROM keyed_slots
+        UNION ALL SELECT id, priority, run_at, ordering_key, slot FROM keyed
         WHERE slot <= lim) c
     WHERE c.ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM awa.jobs r
@@ -162,8 +215,9 @@ WITH RECURSIVE open AS (
               j.concurrency_key, j.concurrency_limit, j.concurrency_slot
 )
 SELECT c.*, w.cursor, w.capped
-FROM (SELECT coalesce((SELECT key FROM walk ORDER BY visits DESC LIMIT 1), $5::text) AS cursor,
-             coalesce((SELECT max(visits) FROM walk), 0) >= $6 AS capped) w
+FROM (SELECT coalesce((SELECT key FROM visited ORDER BY visits DESC LIMIT 1), $5::text)
+               AS cursor,
+             coalesce((SELECT max(visits) FROM visited), 0) >= $6 AS capped) w
 LEFT JOIN claimed c ON true
 
 -- name: concurrency_running_by_key
