@@ -17,10 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+from tests.helpers import wait_until
 
 import awa
-
-from helpers import wait_until
 
 
 @dataclasses.dataclass
