@@ -18,7 +18,10 @@ from awa.core.errors import ValidationError
 
 _NAME = re.compile(r"^--\s*(name|fragment):\s*(\w+)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{\{(\w+)\}\}")
-_SCHEMA_REF = re.compile(r"(?<![\w\"])awa\.")
+# ``awa.defer_notify`` is a setting, not a schema object: its name stays as is
+# (a quoted schema in a setting name is invalid, and the trigger must read the
+# name the completion transactions set).
+_SCHEMA_REF = re.compile(r"(?<![\w\"])awa\.(?!defer_notify\b)")
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 DEFAULT_SCHEMA = "awa"
 

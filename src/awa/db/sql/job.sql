@@ -176,7 +176,8 @@ RETURNING *
 DELETE FROM awa.jobs_done WHERE state = 'failed' AND kind = $1
 
 -- name: queue_notify
--- Wake the workers of these queues (outside any writing transaction).
+-- Wake the workers of these queues: after a writing transaction committed, or
+-- inside one that deferred the per-row trigger (delivered at its commit).
 SELECT pg_notify('awa_jobs', q) FROM unnest($1::text[]) AS q
 
 -- name: tx_begin_deferred_notify
