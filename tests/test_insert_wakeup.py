@@ -1,6 +1,6 @@
 """Every insert path wakes idle workers (NOTIFY awa_jobs at commit), once per queue.
 
-Migration 0013 replaced the statement-level wake-up trigger (transition table)
+Migration 0014 replaced the statement-level wake-up trigger (transition table)
 by a row-level one filtered by its WHEN clause; Awa's COPY path defers it and
 notifies each queue itself. These tests pin what a worker observes: a NOTIFY
 per queue with available jobs, nothing for scheduled jobs or rolled-back

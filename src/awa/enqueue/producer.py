@@ -251,7 +251,7 @@ async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
                     scheduled if j.run_at is not None and j.run_at > now else available,
                     j.run_at or now, j.priority, j.max_attempts, j.tags, j.metadata_json,
                     j.ordering_key, j.concurrency_key, j.concurrency_limit) for j in jobs]
-    # The row-level wake-up trigger (0013) would call pg_notify once per row:
+    # The row-level wake-up trigger (0014) would call pg_notify once per row:
     # defer it, and wake each queue once, in the same transaction.
     woken = sorted({r[1] for r in records if r[3] == available})
     with translated():

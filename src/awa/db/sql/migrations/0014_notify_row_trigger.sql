@@ -1,4 +1,4 @@
--- 0013: wake idle workers from a row-level trigger, filtered by its WHEN.
+-- 0014: wake idle workers from a row-level trigger, filtered by its WHEN.
 --
 -- 0001's wake-up trigger was statement-level with a transition table: every
 -- inserting statement paid for capturing its rows and for a plpgsql query
