@@ -623,8 +623,9 @@ def main() -> int:
 
 
 def shrink_run_dir(run_dir: str | None) -> None:
-    """Keep what a reader needs in git: gzip raw.csv, drop the big HTML report and
-    all but four of the harness's per-run plots."""
+    """Keep what a reader needs in git: gzip raw.csv, drop the harness's HTML
+    report (SUMMARY.md and summary.json say the same) and all but four of its
+    per-run plots."""
     if not run_dir:
         return
     d = Path(run_dir)
@@ -633,10 +634,7 @@ def shrink_run_dir(run_dir: str | None) -> None:
         with open(raw, "rb") as src, gzip.open(str(raw) + ".gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         raw.unlink()
-    for name in ("index.html",):
-        p = d / name
-        if p.is_file() and p.stat().st_size > 300_000:
-            p.unlink()
+    (d / "index.html").unlink(missing_ok=True)
     keep = {"throughput.png", "claim_p99.png", "dead_tuples.png", "queue_depth.png"}
     for plot in d.glob("plots/*"):  # the rest of the harness's plots: regenerate from raw.csv.gz
         if plot.name not in keep:
