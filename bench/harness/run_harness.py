@@ -75,6 +75,15 @@ def cells(scale: float) -> list[dict]:
             out += ["--phase", f"{label}={kind}:{d(secs)}"]
         return out
 
+    def pressure_cell(name: str, stress: tuple[str, str, float], *, recovery: float = 25,
+                      rate: str = "{pressure_rate}", workers: int = 32) -> dict:
+        """Warm up, a clean phase, the stress phase, then recovery."""
+        stages = (("warmup", "warmup", 10), ("clean_1", "clean", 15), stress,
+                  ("recovery_1", "clean", recovery))
+        return dict(name=f"pressure_{name}", group="pressure",
+                    args=[*phases(*stages), "--producer-rate", rate,
+                          "--worker-count", str(workers)])
+
     chaos_common = [("warmup", "warmup", 10), ("baseline", "clean", 20)]
     period = f"{max(5, round(10 * scale))}s"
     return [
@@ -171,70 +180,11 @@ def cells(scale: float) -> list[dict]:
             ],
         ),
         # Phase C pressure cells (fixed-rate producer for every system).
-        dict(
-            name="pressure_idle_in_tx",
-            group="pressure",
-            args=[
-                *phases(
-                    ("warmup", "warmup", 10),
-                    ("clean_1", "clean", 15),
-                    ("idle_1", "idle-in-tx", 35),
-                    ("recovery_1", "clean", 25),
-                ),
-                "--producer-rate",
-                "{pressure_rate}",
-                "--worker-count",
-                "32",
-            ],
-        ),
-        dict(
-            name="pressure_sustained_high_load",
-            group="pressure",
-            args=[
-                *phases(
-                    ("warmup", "warmup", 10),
-                    ("clean_1", "clean", 15),
-                    ("pressure_1", "high-load", 35),
-                    ("recovery_1", "clean", 25),
-                ),
-                "--producer-rate",
-                "{pressure_rate}",
-                "--worker-count",
-                "32",
-            ],
-        ),
-        dict(
-            name="pressure_active_readers",
-            group="pressure",
-            args=[
-                *phases(
-                    ("warmup", "warmup", 10),
-                    ("clean_1", "clean", 15),
-                    ("readers_1", "active-readers", 35),
-                    ("recovery_1", "clean", 25),
-                ),
-                "--producer-rate",
-                "{pressure_rate}",
-                "--worker-count",
-                "32",
-            ],
-        ),
-        dict(
-            name="pressure_event_burst",
-            group="pressure",
-            args=[
-                *phases(
-                    ("warmup", "warmup", 10),
-                    ("clean_1", "clean", 15),
-                    ("pressure_1", "high-load", 45),
-                    ("recovery_1", "clean", 35),
-                ),
-                "--producer-rate",
-                "{burst_rate}",
-                "--worker-count",
-                "64",
-            ],
-        ),
+        pressure_cell("idle_in_tx", ("idle_1", "idle-in-tx", 35)),
+        pressure_cell("sustained_high_load", ("pressure_1", "high-load", 35)),
+        pressure_cell("active_readers", ("readers_1", "active-readers", 35)),
+        pressure_cell("event_burst", ("pressure_1", "high-load", 45), recovery=35,
+                      rate="{burst_rate}", workers=64),
         # Not in the default set: chaos_postgres_restart at the harness's own
         # lengths (Postgres down 30 s), to see what happens past Awa's ~8 s
         # completion-retry budget.  `--cells extra --systems awa --scale 1`.
