@@ -84,7 +84,15 @@ def cells(scale: float) -> list[dict]:
                     args=[*phases(*stages), "--producer-rate", rate,
                           "--worker-count", str(workers)])
 
-    chaos_common = [("warmup", "warmup", 10), ("baseline", "clean", 20)]
+    def chaos_cell(name: str, faults: list[tuple[str, str, float]], *,
+                   rate: str = "{chaos_rate}", replicas: int = 1) -> dict:
+        """Warm up, a clean baseline, the fault phases, then recovery."""
+        stages = (("warmup", "warmup", 10), ("baseline", "clean", 20), *faults,
+                  ("recovery", "clean", 25))
+        return dict(name=f"chaos_{name}", group="chaos",
+                    args=[*phases(*stages), "--producer-rate", rate,
+                          "--replicas", str(replicas)])
+
     period = f"{max(5, round(10 * scale))}s"
     return [
         # Phase A peak-throughput cell: depth-target producer keeps 4000 jobs
@@ -105,80 +113,16 @@ def cells(scale: float) -> list[dict]:
             ],
         ),
         # Phase B chaos: 1 replica for the Postgres-level scenarios, 2 for kills.
-        dict(
-            name="chaos_postgres_restart",
-            group="chaos",
-            args=[
-                *phases(
-                    *chaos_common, ("restart", "postgres-restart", 20), ("recovery", "clean", 25)
-                ),
-                "--producer-rate",
-                "{chaos_rate}",
-                "--replicas",
-                "1",
-            ],
-        ),
-        dict(
-            name="chaos_pg_backend_kill",
-            group="chaos",
-            args=[
-                *phases(
-                    *chaos_common,
-                    ("kills", "pg-backend-kill(rate=2)", 20),
-                    ("recovery", "clean", 25),
-                ),
-                "--producer-rate",
-                "{chaos_rate}",
-                "--replicas",
-                "1",
-            ],
-        ),
-        dict(
-            name="chaos_pool_exhaustion",
-            group="chaos",
-            args=[
-                *phases(
-                    *chaos_common,
-                    ("exhaustion", "pool-exhaustion(idle_conns=300)", 20),
-                    ("recovery", "clean", 25),
-                ),
-                "--producer-rate",
-                "{chaos_rate}",
-                "--replicas",
-                "1",
-            ],
-        ),
-        dict(
-            name="chaos_crash_recovery",
-            group="chaos",
-            args=[
-                *phases(
-                    *chaos_common,
-                    ("kill", "kill-worker(instance=0)", 15),
-                    ("restart", "start-worker(instance=0)", 15),
-                    ("recovery", "clean", 25),
-                ),
-                "--producer-rate",
-                "{chaos_rate_half}",
-                "--replicas",
-                "2",
-            ],
-        ),
-        dict(
-            name="chaos_repeated_kills",
-            group="chaos",
-            args=[
-                *phases(
-                    *chaos_common,
-                    ("repeated", f"repeated-kill(instance=0,period={period})", 30),
-                    ("recovery", "clean", 25),
-                ),
-                "--producer-rate",
-                "{chaos_rate_half}",
-                "--replicas",
-                "2",
-            ],
-        ),
+        # Phase B chaos cells: warm up, a clean baseline, the fault, recovery.
+        chaos_cell("postgres_restart", [("restart", "postgres-restart", 20)]),
+        chaos_cell("pg_backend_kill", [("kills", "pg-backend-kill(rate=2)", 20)]),
+        chaos_cell("pool_exhaustion", [("exhaustion", "pool-exhaustion(idle_conns=300)", 20)]),
+        chaos_cell("crash_recovery", [("kill", "kill-worker(instance=0)", 15),
+                                      ("restart", "start-worker(instance=0)", 15)],
+                   rate="{chaos_rate_half}", replicas=2),
+        chaos_cell("repeated_kills",
+                   [("repeated", f"repeated-kill(instance=0,period={period})", 30)],
+                   rate="{chaos_rate_half}", replicas=2),
         # Phase C pressure cells (fixed-rate producer for every system).
         pressure_cell("idle_in_tx", ("idle_1", "idle-in-tx", 35)),
         pressure_cell("sustained_high_load", ("pressure_1", "high-load", 35)),
