@@ -297,3 +297,22 @@ async def test_cleanup_prunes_registrations_of_dead_waiters(client: awa.AsyncCli
     await runtime.service("cleanup").run_once()
     assert [r["job_id"] for r in await pool.fetch("SELECT job_id FROM awa.job_waiters")] \
         == [alive.id]
+
+
+async def test_wait_for_sync_from_a_thread(client: awa.AsyncClient,
+                                           sync_client: awa.Client) -> None:
+    job = await client.insert(Work(6), queue="r")
+    with pytest.raises(awa.AwaError, match="own event loop"):
+        client.wait_for_sync(job.id, timeout=1)  # on the loop's thread: refused, not deadlocked
+    with pytest.raises(awa.WaitTimeout):
+        await asyncio.to_thread(client.wait_for_sync, job.id, 0.1)
+    _worker(client)
+    await client.start([("r", 2)], **FAST)
+    done = await asyncio.to_thread(client.wait_for_sync, job.id, PROMPT)
+    assert done.state is awa.JobState.Completed and done.output == {"double": 12}
+    assert (await asyncio.to_thread(sync_client.wait_for_sync, job.id, 1)).id == job.id
+
+
+def test_wait_for_sync_needs_an_open_client() -> None:
+    with pytest.raises(awa.AwaError, match="running event loop"):
+        awa.AsyncClient("postgresql://nobody@127.0.0.1:1/none").wait_for_sync(1, timeout=1)

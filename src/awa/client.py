@@ -97,6 +97,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         if self._pool is None:
             async with self._pool_lock:
                 if self._pool is None:
+                    self._loop = asyncio.get_running_loop()  # for wait_for_sync from threads
                     url = await self.database_url()
                     with translated():
                         self._pool = await create_pool(url, max_connections=self._max_connections,

@@ -214,6 +214,8 @@ class Client:
     migrate = _delegate(AsyncClient.migrate)
     check_schema = _delegate(AsyncClient.check_schema)
     wait_for = _delegate(AsyncClient.wait_for)
+    #: The same blocking wait, under the name the async client uses for it.
+    wait_for_sync = wait_for
     queue_depth = _delegate(AsyncClient.queue_depth)
     enqueue_workflow = _delegate(AsyncClient.enqueue_workflow)
     enqueue_many_copy = _delegate(AsyncClient.enqueue_many_copy)

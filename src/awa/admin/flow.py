@@ -7,6 +7,7 @@ client; this mixin holds what they record and what a producer reads.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -15,6 +16,7 @@ import asyncpg
 from awa.admin.results import ResultWaiter
 from awa.core import states
 from awa.core.backpressure import QueueDepth
+from awa.core.errors import AwaError
 from awa.core.model import Job
 from awa.core.validate import check_int, check_name
 from awa.db.queries import Queries
@@ -26,6 +28,7 @@ class FlowOps:
 
     _q: Queries
     _results: ResultWaiter | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
     _depths: dict[str, QueueDepth] | None = None
 
     async def pool(self) -> asyncpg.Pool:
@@ -47,6 +50,26 @@ class FlowOps:
         if self._results is None:
             self._results = ResultWaiter(await self.pool(), self._q, await self.database_url())
         return await self._results.wait_for(job_id, timeout, poll_interval)
+
+    def wait_for_sync(self, job_id: int, timeout: float | None = None, *,
+                      poll_interval: float | None = None) -> Job:
+        """`wait_for` from a thread other than the client's event loop (a plain
+        ``def`` handler, a thread pool): blocks that thread until the job ends.
+        On the loop's own thread it would deadlock, so it raises instead."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise AwaError("wait_for_sync needs this client open on a running event loop; "
+                           "without one, use the sync awa.Client's wait_for")
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise AwaError("wait_for_sync would block the client's own event loop: "
+                           "use await client.wait_for(...) there")
+        future = asyncio.run_coroutine_threadsafe(
+            self.wait_for(job_id, timeout, poll_interval=poll_interval), loop)
+        return future.result()
 
     async def queue_depth(self, queue: str, *, cap: int = states.DEPTH_SIGNAL_CAP) -> QueueDepth:
         """Available jobs of ``queue``, counted up to ``cap`` on the claim index
