@@ -39,7 +39,13 @@ async def test_parked_job_completed_externally(client: awa.AsyncClient) -> None:
     await client.start([("default", 1)], **FAST)
     parked = await wait_for_state(client, job.id, S.WaitingExternal)
     assert parked.callback_id == tokens[job.id] and parked.callback_timeout_at is not None
-    assert client.runtime is not None and client.runtime.capacity.in_use("default") == 0
+    runtime = client.runtime
+    assert runtime is not None
+
+    async def slot_freed() -> bool:  # the park commits first, then the slot is handed back
+        return runtime.capacity.in_use("default") == 0
+
+    await wait_until(slot_freed, message="the parked job's slot handed back")
     done = await client.complete_external(tokens[job.id], {"paid": True})
     assert done.state is S.Completed and done.metadata["_awa_callback_result"] == {"paid": True}
     with pytest.raises(awa.CallbackNotFound):
