@@ -78,7 +78,6 @@ async def scenario(url: str, admin: str, db: str, keys: int, jobs: int, explain:
         # The statement a keyed claim runs first (trees before the split: the only one).
         first = q["attempt_claim_keyed_chunk"] if keyed and "attempt_claim_keyed_chunk" in \
             q.names() else sql
-        cursor = ""
         times: list[float] = []
         plan = ""
         if rollback:
