@@ -290,16 +290,36 @@ FROM (SELECT coalesce((SELECT key FROM chunk_keys ORDER BY visit DESC LIMIT 1), 
              AND coalesce((SELECT sum(take) FROM chunk_keys), 0) < $2 AS walk) w
 LEFT JOIN claimed c ON true
 
--- name: concurrency_running_by_key
--- Jobs in flight per key of queue $1 (NULL: every queue), with the largest
--- limit among them: what `queue_stats`-like surfaces show as saturated keys.
-SELECT concurrency_key, count(*) AS in_flight, max(concurrency_limit) AS max_in_flight
-FROM awa.jobs
-WHERE concurrency_slot IS NOT NULL AND state IN ('running', 'waiting_external')
-  AND ($1::text IS NULL OR queue = $1)
-GROUP BY concurrency_key
-ORDER BY count(*) DESC, concurrency_key
-LIMIT $2
+-- name: concurrency_key_stats
+-- Keys with jobs in flight, per queue (only queue $1; NULL: every queue),
+-- saturated first, then by jobs in flight, at most $2: the jobs in flight on
+-- the queue, on every queue (what the limit counts), the limit (the largest
+-- among the jobs in flight: their own, else the queue's, else 1) and the
+-- key's available jobs on the queue, counted up to $3. Reads the slot index
+-- (jobs in flight only) and, per key listed, at most $3 entries of the keyed
+-- claim index: never the whole backlog. A key with nothing in flight is not
+-- held by its limit and is not listed.
+WITH flight AS (
+    SELECT r.queue, r.concurrency_key AS key, count(*) AS running,
+           max(coalesce(r.concurrency_limit, q.key_max_in_flight, 1)) AS lim
+    FROM awa.jobs r LEFT JOIN awa.queues q ON q.queue = r.queue
+    WHERE r.concurrency_slot IS NOT NULL AND r.state IN ('running', 'waiting_external')
+    GROUP BY r.queue, r.concurrency_key
+), keys AS (
+    SELECT f.queue, f.key, f.running,
+           sum(f.running) OVER (PARTITION BY f.key)::bigint AS in_flight,
+           max(f.lim) OVER (PARTITION BY f.key) AS lim
+    FROM flight f
+)
+SELECT k.queue, k.key, k.running, k.in_flight, k.lim AS max_in_flight,
+       k.in_flight >= k.lim AS saturated, w.waiting
+FROM (SELECT * FROM keys WHERE $1::text IS NULL OR queue = $1
+      ORDER BY in_flight >= lim DESC, in_flight DESC, key, queue LIMIT $2) k,
+LATERAL (SELECT count(*) AS waiting FROM (
+             SELECT 1 FROM awa.jobs a
+             WHERE a.state = 'available' AND a.queue = k.queue AND a.concurrency_key = k.key
+             LIMIT $3) c) w
+ORDER BY k.in_flight >= k.lim DESC, k.in_flight DESC, k.key, k.queue
 
 -- name: queue_set_key_limit
 -- A worker records the key_max_in_flight of the queues it serves with one.
