@@ -51,6 +51,7 @@ async def scenario(url: str, admin: str, db: str, keys: int, jobs: int, explain:
     import awa
     from awa.db.pool import REUSED_PLAN_SHAPE
     from awa.db.queries import Queries
+    from awa.worker.keyed import KeyedClaims
 
     conn = await asyncpg.connect(admin)
     await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
@@ -74,7 +75,9 @@ async def scenario(url: str, admin: str, db: str, keys: int, jobs: int, explain:
         await c.execute("VACUUM ANALYZE awa.jobs")
         keyed = keys > 0
         sql = q["attempt_claim_keyed"] if keyed else q["attempt_claim"]
-        cursor = ""
+        # The statement a keyed claim runs first (trees before the split: the only one).
+        first = q["attempt_claim_keyed_chunk"] if keyed and "attempt_claim_keyed_chunk" in \
+            q.names() else sql
         times: list[float] = []
         plan = ""
         if rollback:
@@ -89,42 +92,60 @@ async def scenario(url: str, admin: str, db: str, keys: int, jobs: int, explain:
                     "p90_ms": sorted(times)[int(len(times) * 0.9)] * 1e3,
                     "max_ms": max(times) * 1e3}
         server = await server_stats_reset(c)
+        backend = await c.fetchval("SELECT pg_backend_pid()")
+        cpu0 = backend_cpu(backend)
         inflight: list[list[int]] = []
         started = time.perf_counter()
+        claims = KeyedClaims(q, configured=True)  # the worker's keyed claim, as it runs
         while True:
-            params: tuple[object, ...] = ("bench", WANT, 0.0, 0.0)
-            if keyed:
-                params += (cursor, 500)
             if explain and len(times) == jobs // WANT // 2:
-                plan = await explain_claim(c, sql, params)
+                params: tuple[object, ...] = ("bench", WANT, 0.0, 0.0)
+                if keyed:
+                    params += (claims.cursor,) if first != sql else (claims.cursor, 500)
+                plan = await explain_claim(c, first, params)
             t0 = time.perf_counter()
-            rows = await c.fetch(sql, *params)
-            times.append(time.perf_counter() - t0)
             if keyed:
-                cursor = rows[-1]["cursor"]
+                rows = await claims.claim(c, "bench", WANT, 0.0, 0.0)
+            else:
+                rows = await c.fetch(sql, "bench", WANT, 0.0, 0.0)
+            times.append(time.perf_counter() - t0)
             ids = [r["id"] for r in rows if r["id"] is not None]
             inflight.append(ids)
             if len(inflight) > 2:
                 await c.execute("DELETE FROM awa.jobs WHERE id = any($1::bigint[])",
                                 inflight.pop(0))
-            if not ids and not (keyed and rows[-1]["capped"]):
+            if not ids and not (keyed and claims.capped):
                 if not inflight or not any(inflight):
                     break
                 await c.execute("DELETE FROM awa.jobs WHERE id = any($1::bigint[])",
                                 inflight.pop(0))
         elapsed = time.perf_counter() - started
+        cpu1 = backend_cpu(backend)
         left = await c.fetchval("SELECT count(*) FROM awa.jobs")
         assert left == 0, left
-        server_ms = await server_mean_ms(c, sql) if server else None
+        server_ms = await server_mean_ms(c, len(times)) if server else None
         await c.close()
         return {"claims": len(times), "median_ms": statistics.median(times) * 1e3,
+                "p10_ms": sorted(times)[int(len(times) * 0.1)] * 1e3,
                 "p90_ms": sorted(times)[int(len(times) * 0.9)] * 1e3,
                 "max_ms": max(times) * 1e3, "rate": jobs / elapsed, "plan": plan,
-                "server_ms": server_ms}
+                "server_ms": server_ms,
+                "cpu_ms": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / len(times)}
     finally:
         conn = await asyncpg.connect(admin)
         await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         await conn.close()
+
+
+def backend_cpu(pid: int) -> float | None:
+    """CPU milliseconds the server process ``pid`` has used (user + system), from
+    /proc on a server on this machine; None elsewhere. Unlike wall time, it
+    hardly moves with the load other processes put on the machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 async def server_stats_reset(c: Any) -> bool:
@@ -138,14 +159,20 @@ async def server_stats_reset(c: Any) -> bool:
     return True
 
 
-async def server_mean_ms(c: Any, sql: str) -> float | None:
-    """The claim's mean execution time on the server (pg_stat_statements, which
-    stores the text with its constants replaced: matched by its opening)."""
-    value = await c.fetchval(
-        "SELECT mean_exec_time FROM pg_stat_statements WHERE dbid = "
+async def server_mean_ms(c: Any, claims: int) -> tuple[float, float, float] | None:
+    """Per claim, on the server (pg_stat_statements): the mean execution time of
+    the claim statements (a keyed claim may run two: their sum over the claims),
+    the least time of one statement, and the buffers touched. pg_stat_statements
+    stores the text with its constants replaced, so the claims are found as the
+    statements that lock rows (nothing else this loop runs does)."""
+    row = await c.fetchrow(
+        "SELECT sum(total_exec_time), min(min_exec_time), sum(shared_blks_hit)::float8 "
+        "FROM pg_stat_statements WHERE dbid = "
         "(SELECT oid FROM pg_database WHERE datname = current_database()) "
-        "AND starts_with(query, $1)", sql.strip()[:60])
-    return None if value is None else float(value)
+        "AND query LIKE '%FOR UPDATE%SKIP LOCKED%'")
+    if row is None or row[0] is None:
+        return None
+    return (float(row[0]) / claims, float(row[1]), float(row[2]) / claims)
 
 
 async def explain_claim(c: Any, sql: str, params: tuple[object, ...]) -> str:
@@ -191,15 +218,19 @@ def main() -> None:
         print(json.dumps(asyncio.run(scenario(url, opts.database_url, db, opts.scenario,
                                               opts.jobs, opts.explain, opts.rollback))))
         return
-    print(f"| keys ({opts.jobs:,} jobs, claims of {WANT}) | claims | median ms | p90 ms | "
-          "max ms | server mean ms | jobs/s (no handlers) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| keys ({opts.jobs:,} jobs, claims of {WANT}) | claims | p10 ms | median ms | "
+          "p90 ms | max ms | server mean ms | server min ms | buffers | server CPU ms | "
+          "jobs/s (no handlers) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     plans = []
     for k in (int(x) for x in opts.keys.split(",")):
         r = run(opts.src, opts.database_url, k, opts.jobs, opts.explain, opts.rollback)
-        server = "-" if r.get("server_ms") is None else f"{r['server_ms']:.3f}"
-        print(f"| {k:,} | {r['claims']} | {r['median_ms']:.2f} | {r['p90_ms']:.2f} | "
-              f"{r['max_ms']:.1f} | {server} | {r.get('rate', 0):,.0f} |", flush=True)
+        sv = r.get("server_ms")
+        server = "- | - | -" if sv is None else f"{sv[0]:.3f} | {sv[1]:.3f} | {sv[2]:.0f}"
+        cpu = "-" if r.get("cpu_ms") is None else f"{r['cpu_ms']:.3f}"
+        print(f"| {k:,} | {r['claims']} | {r.get('p10_ms', 0):.2f} | {r['median_ms']:.2f} | "
+              f"{r['p90_ms']:.2f} | {r['max_ms']:.1f} | {server} | {cpu} | "
+              f"{r.get('rate', 0):,.0f} |", flush=True)
         if r.get("plan"):
             plans.append(f"--- {k} keys ---\n{r['plan']}")
     for p in plans:

@@ -13,7 +13,12 @@ jobs evenly over K keys with ``max_in_flight=1000``, a limit that never binds (a
 its 32 slots, 32 claimed ahead and the completions not yet flushed in flight),
 so the figure is the mechanism's cost (the walk over keys, the slot grant),
 not the limit's effect. Rounds alternate the scenarios, and each figure is
-the median round. Results: bench/results/keyed_drain.md.
+the median round. Each trial also reports the CPU time the worker process and
+its database's server processes used per 1,000 jobs during the drain (/proc):
+on a machine shared with other busy processes the rate swings by ±50 %
+between rounds while this moves far less; with no-op handlers the drain is
+CPU-bound on two cores, so the unkeyed ÷ keyed CPU ratio estimates the rate
+ratio on a quiet machine. Results: bench/results/keyed_drain.md.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -34,7 +40,23 @@ SLOTS = 32
 LIMIT = 1000  # per key: above what one worker keeps in flight (slots + claimed ahead + unflushed)
 
 
-async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> float:
+async def own_cpu(side: Any) -> dict[int, float]:
+    """CPU milliseconds used so far by this process and by the server processes of
+    its database (/proc; the side connection's own are left out): per job, a
+    figure that moves much less than the rate with the load of other processes."""
+    pids = await side.fetch("SELECT pid FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND pid <> pg_backend_pid()")
+    out = {0: sum(os.times()[:2]) * 1000}
+    for (pid,) in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> tuple[float, float]:
     import asyncpg
 
     import awa
@@ -62,27 +84,30 @@ async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> float:
         await client.start(queues=queues)  # idle until the jobs land, all in one commit
         await client.enqueue_many_copy(args, opts=opts, kind="bench_job", queue="bench")
         started = time.perf_counter()  # the COPY has committed (claims may have begun)
+        cpu0 = await own_cpu(side)
         while await side.fetchval("SELECT count(*) FROM awa.jobs") > 0:
             await asyncio.sleep(0.005)
         elapsed = time.perf_counter() - started
+        cpu = {pid: ms - cpu0.get(pid, 0.0) for pid, ms in (await own_cpu(side)).items()}
         done = await side.fetchval("SELECT count(*) FROM awa.jobs_done WHERE state = 'completed'")
         assert done == jobs, (done, jobs)
         await side.close()
         await client.shutdown()
         await client.close()
-        return jobs / elapsed
+        return jobs / elapsed, sum(cpu.values()) / jobs * 1000
     finally:
         conn = await asyncpg.connect(admin)
         await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         await conn.close()
 
 
-def run_trial(src: Path, admin: str, keys: int, jobs: int) -> float:
+def run_trial(src: Path, admin: str, keys: int, jobs: int) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(src / "src")}
     out = subprocess.run([sys.executable, __file__, "--trial", str(keys), "--jobs", str(jobs),
                           "--database-url", admin], env=env, check=True, capture_output=True,
                          text=True)
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(result["rate"]), float(result["cpu"])
 
 
 def main() -> None:
@@ -101,8 +126,8 @@ def main() -> None:
     if opts.trial is not None:
         db = f"bench_keyed_{os.getpid()}"
         url = admin.rsplit("/", 1)[0] + "/" + db
-        rate = asyncio.run(trial(url, admin, db, opts.trial, opts.jobs))
-        print(json.dumps({"rate": rate}))
+        rate, cpu = asyncio.run(trial(url, admin, db, opts.trial, opts.jobs))
+        print(json.dumps({"rate": rate, "cpu": cpu}))
         return
     scenarios: list[tuple[str, Path, int]] = []
     if opts.main is not None:
@@ -113,20 +138,25 @@ def main() -> None:
             scenarios.append((f"baseline, {k:,} keys" if k else "baseline, unkeyed",
                               opts.baseline, k))
     rates: dict[str, list[float]] = {name: [] for name, _, _ in scenarios}
+    cpus: dict[str, list[float]] = {name: [] for name, _, _ in scenarios}
     for r in range(opts.rounds):
         for name, src, keys in scenarios:
-            rate = run_trial(src, admin, keys, opts.jobs)
+            rate, cpu = run_trial(src, admin, keys, opts.jobs)
             rates[name].append(rate)
-            print(f"round {r + 1}: {name}: {rate:,.0f} jobs/s", flush=True)
+            cpus[name].append(cpu)
+            print(f"round {r + 1}: {name}: {rate:,.0f} jobs/s, {cpu:.0f} CPU ms per 1,000 jobs",
+                  flush=True)
     base = statistics.median(rates["branch, unkeyed"]) if "branch, unkeyed" in rates else None
+    base_cpu = statistics.median(cpus["branch, unkeyed"]) if base else None
     print(f"\n| scenario ({opts.jobs:,} jobs, {SLOTS} slots) | jobs/s (median) | rounds | "
-          "vs branch unkeyed |")
-    print("|---|---:|---|---:|")
+          "vs branch unkeyed | CPU ms / 1,000 jobs (median) | rounds | unkeyed CPU / this |")
+    print("|---|---:|---|---:|---:|---|---:|")
     for name, values in rates.items():
-        med = statistics.median(values)
+        med, cmed = statistics.median(values), statistics.median(cpus[name])
         ratio = f"{med / base:.2f}" if base else "-"
-        print(f"| {name} | {med:,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | {ratio} |")
-
+        cratio = f"{base_cpu / cmed:.2f}" if base_cpu else "-"
+        print(f"| {name} | {med:,.0f} | {', '.join(f'{v:,.0f}' for v in values)} | {ratio} | "
+              f"{cmed:,.0f} | {', '.join(f'{v:,.0f}' for v in cpus[name])} | {cratio} |")
 
 if __name__ == "__main__":
     main()

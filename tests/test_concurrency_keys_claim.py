@@ -12,6 +12,7 @@ import asyncpg
 
 import awa
 from awa.db.queries import queries
+from awa.worker.keyed import KeyedClaims
 
 Q = "default"
 
@@ -101,17 +102,50 @@ async def test_claim_plan_stays_below_the_jit_threshold(client: awa.AsyncClient,
     await _claim(conn, 32)  # some jobs in flight, as in a drain
     await conn.execute("ANALYZE awa.jobs")
     threshold = float(await conn.fetchval("SELECT current_setting('jit_above_cost')"))
-    sql = queries()["attempt_claim_keyed"]
     await conn.execute("PREPARE keyed_claim(text, integer, float8, float8, text, integer) AS "
-                       + sql)
+                       + queries()["attempt_claim_keyed"])
+    await conn.execute("PREPARE keyed_chunk(text, integer, float8, float8, text) AS "
+                       + queries()["attempt_claim_keyed_chunk"])
     for mode in ("force_generic_plan", "force_custom_plan"):
         await conn.execute(f"SET plan_cache_mode = {mode}")
-        plan = await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE keyed_claim("
-                                   "'default', 32, 0, 0, 'one', 500)")
-        cost = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]["Total Cost"]
-        # A quarter of the threshold: headroom for a backlog several times
-        # larger (the estimate grows with the table).
-        assert cost < threshold / 4, (mode, cost)
+        for run in ("keyed_claim('default', 32, 0, 0, 'one', 500)",
+                    "keyed_chunk('default', 32, 0, 0, 'one')"):
+            plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {run}")
+            cost = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]["Total Cost"]
+            # A quarter of the threshold: headroom for a backlog several times
+            # larger (the estimate grows with the table).
+            assert cost < threshold / 4, (mode, run, cost)
+
+
+async def test_chunk_claim_grants_slots_and_asks_for_the_walk(client: awa.AsyncClient,
+                                                              conn: asyncpg.Connection) -> None:
+    """The small statement (one range scan, no walk): keys of the scan get
+    their lowest free slots; when the scan is full but its keys are at their
+    limit it claims what it can and says so (`walk`), and the worker's claim
+    then takes the rest from the keys after it."""
+    await client.enqueue_many_copy([Work(i) for i in range(20)], concurrency_key="a-hot",
+                                   max_in_flight=2)
+    await client.enqueue_many_copy([Work(i) for i in range(5)],
+                                   opts=[{"concurrency_key": f"b{i}"} for i in range(5)])
+    sql = queries()["attempt_claim_keyed_chunk"]
+    rows = await conn.fetch(sql, Q, 8, 0.0, 0.0, "")
+    assert [(r["concurrency_key"], r["concurrency_slot"]) for r in rows] == [
+        ("a-hot", 1), ("a-hot", 2)]
+    assert rows[-1]["cursor"] == "a-hot" and rows[-1]["walk"]
+    rows = await conn.fetch(sql, Q, 4, 0.0, 0.0, "a-hot")  # the next keys fill it
+    assert sorted(r["concurrency_key"] for r in rows) == [f"b{i}" for i in range(4)]
+    assert rows[-1]["cursor"] == "b3" and not rows[-1]["walk"]
+    rows = await conn.fetch(sql, Q, 8, 0.0, 0.0, "b3")  # b4, then round to a-hot again
+    assert [r["concurrency_key"] for r in rows] == ["b4"] and rows[-1]["walk"]
+    # The worker's claim: the chunk, then (a-hot at its limit) the walk for the rest.
+    await conn.execute("DELETE FROM awa.jobs WHERE state = 'running'")
+    await client.enqueue_many_copy([Work(i) for i in range(3)],
+                                   opts=[{"concurrency_key": f"c{i}"} for i in range(3)])
+    claims = KeyedClaims(queries(), configured=True)
+    got = await claims.claim(conn, Q, 8, 0.0, 0.0)
+    assert sorted(r["concurrency_key"] for r in got) == ["a-hot", "a-hot", "c0", "c1", "c2"]
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE state = 'running' "
+                               "AND concurrency_key = 'a-hot'") == 2
 
 
 async def test_claim_walks_on_past_a_saturated_key_and_wraps(client: awa.AsyncClient,

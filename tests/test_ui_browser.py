@@ -190,3 +190,25 @@ async def test_job_page_draws_its_workflow(client: awa.AsyncClient, page: Any) -
         await page.screenshot(path=shot("job-workflow"), full_page=True)
         await page.click(f'#workflow a[href="#/jobs/{first}"]')
         await page.wait_for_selector(f'#workflow .wf-node.current[data-job="{first}"]')
+
+
+async def test_queues_page_shows_saturated_keys(client: awa.AsyncClient, page: Any) -> None:
+    """Keys in flight on the queues page, the saturated one first and flagged."""
+    from awa.db.queries import queries
+
+    await client.enqueue_many_copy([{"n": i} for i in range(5)], kind="sync",
+                                   concurrency_key="tenant-a", max_in_flight=2)
+    await client.enqueue_many_copy([{"n": 0}], kind="sync", concurrency_key="tenant-b",
+                                   max_in_flight=10)
+    pool = await client.pool()
+    await pool.fetch(queries()["attempt_claim_keyed"], "default", 32, 0.0, 0.0, "", 500)
+    async with serving(ui_app(client=client)) as base:
+        await open_view(page, f"{base}/#/queues", "queues")
+        await page.wait_for_selector("#keys")
+        rows = page.locator("#keys tr[data-key]")
+        assert await rows.count() == 2
+        first = await rows.nth(0).inner_text()
+        assert "tenant-a" in first and "2 / 2" in first and "saturated" in first
+        second = await rows.nth(1).inner_text()
+        assert "tenant-b" in second and "1 / 10" in second and "saturated" not in second
+        await page.screenshot(path=shot("queues-keys"), full_page=True)

@@ -364,14 +364,17 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
                  priority: int = states.PRIORITY_DEFAULT,
                  max_attempts: int = states.MAX_ATTEMPTS_DEFAULT,
                  tags: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
-                 missed_fire_policy: str = "coalesce") -> None:
+                 missed_fire_policy: str = "coalesce", concurrency_key: str | None = None,
+                 max_in_flight: int | None = None) -> None:
         """Declare a cron schedule (validated now; upserted when the worker starts).
 
-        With no ``queue``, its jobs go to the queue of the kind's registered task."""
+        With no ``queue``, its jobs go to the queue of the kind's registered task;
+        ``concurrency_key``/``max_in_flight`` go on every job it fires, as on insert."""
         self._schedules[name] = CronSchedule.declare(
             name, cron_expr, args_type, args, timezone=timezone, queue=queue,
             priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
-            missed_fire_policy=missed_fire_policy)
+            missed_fire_policy=missed_fire_policy, concurrency_key=concurrency_key,
+            max_in_flight=max_in_flight)
 
     def worker(self, args_type: Any = None, *, kind: str | None = None,
                queue: str = states.DEFAULT_QUEUE) -> Callable[[Handler], Handler]:

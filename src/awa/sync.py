@@ -230,6 +230,7 @@ class Client:
     resume_queue = _delegate(AsyncClient.resume_queue)
     drain_queue = _delegate(AsyncClient.drain_queue)
     queue_stats = _delegate(AsyncClient.queue_stats)
+    concurrency_keys = _delegate(AsyncClient.concurrency_keys)
     flush_admin_metadata = _delegate(AsyncClient.flush_admin_metadata)
     health_check = _delegate(AsyncClient.health_check)
     install_queue_storage = _delegate(AsyncClient.install_queue_storage)

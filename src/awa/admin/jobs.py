@@ -15,9 +15,10 @@ import asyncpg
 
 from awa.core import serialize, states, validate
 from awa.core.errors import JobNotFound, ValidationError
-from awa.core.model import Job, QueueStat, RetryFailedResult
+from awa.core.model import Job, KeyStat, QueueStat, RetryFailedResult
 from awa.core.states import JobState
 from awa.db.errors import translated
+from awa.db.pool import Conn
 from awa.db.queries import Queries, rows_affected
 
 Executor = asyncpg.Connection | asyncpg.Pool
@@ -146,6 +147,21 @@ async def queue_stats(db: Executor, q: Queries) -> list[QueueStat]:
         lag_seconds=r["lag_seconds"], paused=r["paused"],
         total_queued=r["scheduled"] + r["available"] + r["retryable"],
     ) for r in rows]
+
+
+async def concurrency_keys(db: Executor | Conn, q: Queries, queue: str | None = None,
+                           limit: int = states.KEY_STATS_LIMIT_DEFAULT) -> list[KeyStat]:
+    """Concurrency keys with jobs in flight, saturated first (at most ``limit``)."""
+    if queue is not None:
+        validate.check_name("queue", queue)
+    validate.check_int("limit", limit, 1, states.KEY_STATS_LIMIT_MAX)
+    with translated():
+        rows = await db.fetch(q["concurrency_key_stats"], queue, limit, states.KEY_WAITING_CAP)
+    return [KeyStat(queue=r["queue"], key=r["key"], running=r["running"],
+                    in_flight=r["in_flight"], max_in_flight=r["max_in_flight"],
+                    waiting=r["waiting"],
+                    waiting_at_least=r["waiting"] >= states.KEY_WAITING_CAP,
+                    saturated=r["saturated"]) for r in rows]
 
 
 async def retry_failed(db: Executor, q: Queries, *, kind: str | None = None,

@@ -14,9 +14,9 @@ from awa.admin import dlq
 from awa.admin import jobs as admin
 from awa.admin.dlq import DlqEntry
 from awa.admin.workflows import WorkflowGraph, workflow_graph
-from awa.core import validate
+from awa.core import states, validate
 from awa.core.errors import ValidationError
-from awa.core.model import Job, QueueStat, ResolveResult, RetryFailedResult
+from awa.core.model import Job, KeyStat, QueueStat, ResolveResult, RetryFailedResult
 from awa.core.states import JobState
 from awa.db.errors import translated
 from awa.db.queries import Queries
@@ -124,6 +124,12 @@ class AdminOps:
     async def queue_stats(self) -> list[QueueStat]:
         """Per-queue counts, lag and pause state."""
         return await admin.queue_stats(await self.pool(), self._q)
+
+    async def concurrency_keys(self, queue: str | None = None,
+                               limit: int = states.KEY_STATS_LIMIT_DEFAULT) -> list[KeyStat]:
+        """Concurrency keys with jobs in flight (one queue, or all), saturated first:
+        jobs in flight, limit and jobs waiting per key, at most ``limit`` keys."""
+        return await admin.concurrency_keys(await self.pool(), self._q, queue, limit)
 
 
     async def retry_failed(self, *, kind: str | None = None,

@@ -49,6 +49,22 @@ def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
                           "paused"), title="queues", full=full)
 
 
+@queue.command("keys")
+@click.option("--queue", "queue_name", default=None, help="Only this queue's keys.")
+@click.option("--limit", type=click.IntRange(1, states.KEY_STATS_LIMIT_MAX),
+              default=states.KEY_STATS_LIMIT_DEFAULT, show_default=True,
+              help="List at most this many keys (saturated ones first).")
+@full_option
+@json_option
+@click.pass_obj
+def queue_keys(obj: dict[str, Any], queue_name: str | None, limit: int, full: bool,
+               as_json: bool) -> None:
+    """Concurrency keys with jobs in flight: limit, in flight, waiting; saturated first."""
+    stats = run_with_client(obj, lambda c: c.concurrency_keys(queue_name, limit))
+    emit(stats, as_json, ("queue", "key", "saturated", "in_flight", "max_in_flight", "running",
+                          "waiting", "waiting_at_least"), title="concurrency keys", full=full)
+
+
 @queue.command("depth")
 @click.argument("name")
 @click.option("--cap", type=int, default=states.DEPTH_SIGNAL_CAP, show_default=True,

@@ -165,6 +165,21 @@ class QueueStat:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyStat:
+    """One concurrency key in flight on one queue (`concurrency_keys`): what an
+    operator needs to see that a key is at its limit and jobs wait behind it."""
+
+    queue: str
+    key: str
+    running: int  #: its jobs in flight on this queue (running or waiting in place)
+    in_flight: int  #: its jobs in flight on every queue: what its limit counts
+    max_in_flight: int  #: its limit (the jobs' own, else the queue's, else 1)
+    waiting: int  #: its available jobs on this queue, counted up to KEY_WAITING_CAP
+    waiting_at_least: bool  #: the count stopped at the cap: at least `waiting` wait
+    saturated: bool  #: every slot taken: its next job waits for one to free
+
+
+@dataclass(frozen=True, slots=True)
 class RetryFailedResult:
     """What a bulk `retry_failed` did: the re-queued jobs and how many matched."""
 

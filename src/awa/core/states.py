@@ -101,6 +101,11 @@ MAX_IN_FLIGHT_MIN, MAX_IN_FLIGHT_MAX, MAX_IN_FLIGHT_DEFAULT = 1, 1_000_000, 1
 KEY_WALK_MAX = 500
 KEY_PROBE_INTERVAL = timedelta(seconds=1)
 KEY_IDLE = timedelta(seconds=30)
+#: `concurrency_keys` (operators' view of keys in flight) lists this many keys
+#: unless asked for another number up to KEY_STATS_LIMIT_MAX, and counts each
+#: key's waiting jobs up to KEY_WAITING_CAP (one index entry read per job).
+KEY_STATS_LIMIT_DEFAULT, KEY_STATS_LIMIT_MAX = 50, 1000
+KEY_WAITING_CAP = 10_000
 TAGS_MAX = 20
 #: The accepted ``run_at`` range (UTC, inclusive). The driver stores Python's
 #: ``datetime.min``/``datetime.max`` as -infinity/+infinity, which no claim or

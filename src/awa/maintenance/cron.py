@@ -103,6 +103,9 @@ class CronSchedule:
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     missed_fire_policy: str = "coalesce"
+    #: Per-key concurrency of the jobs it fires (docs/guide/concurrency-keys.md).
+    concurrency_key: str | None = None
+    max_in_flight: int | None = None
 
     @classmethod
     def declare(cls, name: str, cron_expr: str, args_type: Any, args: Any, *,
@@ -110,7 +113,8 @@ class CronSchedule:
                 priority: int = states.PRIORITY_DEFAULT,
                 max_attempts: int = states.MAX_ATTEMPTS_DEFAULT,
                 tags: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
-                missed_fire_policy: str = "coalesce") -> CronSchedule:
+                missed_fire_policy: str = "coalesce", concurrency_key: str | None = None,
+                max_in_flight: int | None = None) -> CronSchedule:
         """Validate everything now, so a bad schedule fails at declaration."""
         validate.check_name("name", name)
         _validate_expr(cron_expr)
@@ -120,11 +124,14 @@ class CronSchedule:
         kind = None if args_type is None or args_type is dict \
             else serialize.derive_kind(args_type.__name__)
         prepared = producer.prepare(args, kind=kind, queue=queue, priority=priority,
-                                    max_attempts=max_attempts, tags=tags, metadata=metadata)
+                                    max_attempts=max_attempts, tags=tags, metadata=metadata,
+                                    concurrency_key=concurrency_key, max_in_flight=max_in_flight)
         return cls(name=name, cron_expr=cron_expr, timezone=timezone, kind=prepared.kind,
                    queue=queue, args=prepared.args, priority=priority,
                    max_attempts=max_attempts, tags=list(prepared.tags),
-                   metadata=dict(metadata or {}), missed_fire_policy=missed_fire_policy)
+                   metadata=dict(metadata or {}), missed_fire_policy=missed_fire_policy,
+                   concurrency_key=prepared.concurrency_key,
+                   max_in_flight=prepared.concurrency_limit)
 
     def routed(self, router: producer.Router) -> CronSchedule:
         """This schedule with its queue decided: as declared, else the kind's task's."""
@@ -134,7 +141,8 @@ class CronSchedule:
         return (self.name, self.cron_expr, self.timezone, self.kind,
                 self.queue or states.DEFAULT_QUEUE,
                 serialize.dumps(self.args, "args"), self.priority, self.max_attempts, self.tags,
-                serialize.dumps(self.metadata, "metadata"), self.missed_fire_policy)
+                serialize.dumps(self.metadata, "metadata"), self.missed_fire_policy,
+                self.concurrency_key, self.max_in_flight)
 
 
 def _job_for(row: Any, fire_at: datetime | None) -> producer.PreparedJob:
@@ -144,7 +152,9 @@ def _job_for(row: Any, fire_at: datetime | None) -> producer.PreparedJob:
         metadata["cron_fire_at"] = fire_at.isoformat()
     return producer.prepare(row["args"], kind=row["kind"], queue=row["queue"],
                             priority=row["priority"], max_attempts=row["max_attempts"],
-                            tags=row["tags"], metadata=metadata)
+                            tags=row["tags"], metadata=metadata,
+                            concurrency_key=row["concurrency_key"],
+                            max_in_flight=row["concurrency_limit"])
 
 
 class CronService(PeriodicService):
@@ -208,7 +218,8 @@ def describe(row: Any) -> dict[str, Any]:
     out = {k: row[k] for k in ("name", "cron_expr", "timezone", "kind", "queue", "args",
                                "priority", "max_attempts", "tags", "metadata",
                                "missed_fire_policy", "paused", "last_fire_at", "created_at",
-                               "updated_at")}
+                               "updated_at", "concurrency_key")}
+    out["max_in_flight"] = row["concurrency_limit"]
     base = max(filter(None, [row["last_fire_at"], row["db_now"]]))
     out["next_fire_at"] = None if row["paused"] else _next_fire(row["cron_expr"],
                                                                row["timezone"], base)

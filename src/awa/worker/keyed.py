@@ -36,6 +36,8 @@ PROBE_SECONDS = states.KEY_PROBE_INTERVAL.total_seconds()
 IDLE_SECONDS = states.KEY_IDLE.total_seconds()
 RACE_RETRIES = 3
 _CLAIM_COLUMNS = 18  # attempt_claim's columns, which Job.from_claim unpacks
+_KEY = _CLAIM_COLUMNS  # then the key, its limit and the slot granted
+_CURSOR = _CLAIM_COLUMNS + 3  # then the cursor, and whether to claim on (capped / walk)
 
 
 class _Fetcher(Protocol):
@@ -45,10 +47,8 @@ class _Fetcher(Protocol):
 def job_from_row(row: Any) -> Job:
     """A `Job` from a row of ``attempt_claim_keyed`` (attempt_claim's columns,
     then the key, its limit and the slot granted)."""
-    job = Job.from_claim(tuple(row[:_CLAIM_COLUMNS]))
-    job.concurrency_key = row["concurrency_key"]
-    job.concurrency_limit = row["concurrency_limit"]
-    job.concurrency_slot = row["concurrency_slot"]
+    job = Job.from_claim(row[:_CLAIM_COLUMNS])
+    job.concurrency_key, job.concurrency_limit, job.concurrency_slot = row[_KEY:_CURSOR]
     return job
 
 
@@ -79,22 +79,44 @@ class KeyedClaims:
 
     async def claim(self, db: _Fetcher, queue: str, want: int, deadline: float,
                     aging: float) -> list[Any]:
-        """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for `job_from_row`."""
-        for attempt in range(RACE_RETRIES + 1):
-            try:
-                rows = await db.fetch(self._q["attempt_claim_keyed"], queue, want, deadline,
-                                      aging, self.cursor, states.KEY_WALK_MAX)
-                break
-            except asyncpg.UniqueViolationError:
-                self.races += 1
-                if attempt == RACE_RETRIES:
-                    log.debug("keyed claim of %r lost %d slot races; next loop", queue,
-                              RACE_RETRIES + 1)
-                    self.capped = True  # claim again straight away
-                    return []
+        """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for `job_from_row`.
+
+        First the small statement (one range scan of the next keys); only when its
+        keys could not fill the claim (some at their limit), the walk key by key
+        from where it stopped, for the rest. Each is its own transaction: rows
+        the first claimed stay claimed whatever the second does."""
+        rows = await self._attempt(db, "attempt_claim_keyed_chunk", queue, want, deadline,
+                                   aging, self.cursor)
+        if rows is None:
+            return []
         last = rows[-1]
-        self.cursor, self.capped = last["cursor"], last["capped"]
-        claimed = [r for r in rows if r["id"] is not None]
-        if any(r["concurrency_key"] is not None for r in claimed):
+        self.cursor, self.capped = last[_CURSOR], False
+        claimed = [r for r in rows if r[0] is not None]
+        if last[_CURSOR + 1] and len(claimed) < want:
+            try:
+                more = await self._attempt(db, "attempt_claim_keyed", queue,
+                                           want - len(claimed), deadline, aging, self.cursor,
+                                           states.KEY_WALK_MAX)
+            except Exception:  # the jobs claimed above are this loop's: hand them over
+                log.debug("keyed walk of %r failed; next loop", queue, exc_info=True)
+                self.capped = True
+                more = None
+            if more is not None:
+                last = more[-1]
+                self.cursor, self.capped = last[_CURSOR], last[_CURSOR + 1]
+                claimed += [r for r in more if r[0] is not None]
+        if any(r[_KEY] is not None for r in claimed):
             self._keyed_until = time.monotonic() + IDLE_SECONDS
         return claimed
+
+    async def _attempt(self, db: _Fetcher, statement: str, *args: Any) -> list[Any] | None:
+        """Run a keyed claim statement, again when the slot index refuses it (a
+        lost race); None after `RACE_RETRIES` such refusals."""
+        for _ in range(RACE_RETRIES + 1):
+            try:
+                return await db.fetch(self._q[statement], *args)
+            except asyncpg.UniqueViolationError:
+                self.races += 1
+        log.debug("keyed claim of %r lost %d slot races; next loop", args[0], RACE_RETRIES + 1)
+        self.capped = True  # claim again straight away
+        return None

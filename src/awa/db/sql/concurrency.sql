@@ -32,23 +32,10 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
                      ELSE 0 END AS avail
          OFFSET 0) g
 
--- name: attempt_claim_keyed
--- attempt_claim for a queue that holds keyed jobs: up to $2 jobs of queue $1
--- ($3 deadline seconds, $4 aging interval as in attempt_claim), unkeyed ones
--- exactly as attempt_claim takes them, keyed ones by walking the keys that
--- have available jobs in turn (round robin): from the first key after $5
--- (the cursor the previous claim returned, '' at first) to the last, then
--- from the first again, at most $6 keys. The walk begins with one range scan
--- of the next $2 keyed jobs in key order (`chunk`), which covers many keys at
--- once when each holds few jobs, and goes on key by key (`walk`) only if the
--- chunk's keys could not fill the claim. A key with every slot taken is
--- passed, so a saturated key never holds up the others.
--- Within a key, jobs go by priority, then age; each takes the lowest free
--- slot not above its own limit (its max_in_flight, else the queue's
--- key_max_in_flight, else 1). Returns attempt_claim's columns, then the key,
--- limit and slot, then the cursor for the next claim and whether the walk
--- stopped at $6 keys; with nothing claimed, one row whose id is NULL.
-WITH RECURSIVE open AS (
+-- fragment: keyed_claim_chunk
+-- The keyed claims' first CTEs: queue open, unkeyed jobs at all, the range scan
+-- of the next $2 keyed jobs from the cursor ($5) and what each of its keys gets.
+open AS (
     SELECT set_config('synchronous_commit', 'off', true) = 'off'
            AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
            (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit
@@ -68,7 +55,8 @@ WITH RECURSIVE open AS (
         SELECT * FROM (
             SELECT a.concurrency_key AS key,
                    coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
-                   a.priority AS hp, a.run_at AS hr, a.id AS hid, false AS wrap
+                   a.priority AS hp, a.run_at AS hr, a.id AS hid, false AS wrap,
+                   a.ctid AS tid
             FROM awa.jobs a
             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
               AND a.concurrency_key > $5::text AND (SELECT ok FROM open)
@@ -77,12 +65,16 @@ WITH RECURSIVE open AS (
         SELECT * FROM (
             SELECT a.concurrency_key,
                    coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1),
-                   a.priority, a.run_at, a.id, true
+                   a.priority, a.run_at, a.id, true, a.ctid
             FROM awa.jobs a
             WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
               AND a.concurrency_key <= $5::text AND (SELECT ok FROM open)
             ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT $2) from_start
         LIMIT $2) c
+), chunk_ranked AS MATERIALIZED (
+    -- The chunk's jobs numbered within their key (1 = the key's head).
+    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.hp, c.hr, c.hid) AS crn
+    FROM chunk c
 ), chunk_keys AS MATERIALIZED (
     -- Each key of the chunk (in walk order, its head first) and what it gets:
     -- up to its free slots of the jobs the chunk holds of it.
@@ -91,13 +83,112 @@ WITH RECURSIVE open AS (
                  AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
                                                hashtext(k.key))
                 THEN least(k.n, k.lim - cardinality(t.taken)) ELSE 0 END AS take
-    FROM (SELECT DISTINCT ON (c.wrap, c.key) c.*, count(*) OVER (PARTITION BY c.key) AS n
+    FROM (SELECT DISTINCT ON (c.wrap, c.key) c.key, c.lim, c.hp, c.hr, c.hid, c.wrap,
+                 count(*) OVER (PARTITION BY c.key) AS n
           FROM chunk c ORDER BY c.wrap, c.key, c.hp, c.hr, c.hid) k,
     LATERAL (SELECT array(SELECT r.concurrency_slot FROM awa.jobs r
                           WHERE r.concurrency_key = k.key AND r.concurrency_slot IS NOT NULL
                             AND r.state IN ('running', 'waiting_external')) AS taken
              OFFSET 0) t
-), walk(key, hp, hr, hid, taken, take, found, visits, wrapped) AS (
+)
+
+-- fragment: keyed_claim_grants
+-- The free slots of each key granted (`visited`: the keys met), and the jobs of
+-- the chunk's keys locked where the range scan saw them.
+grants AS MATERIALIZED (
+    -- The free slots of each key the walk grants, lowest first, as many as it
+    -- takes of the key: its rn-th job gets free[rn]. Computed once per key
+    -- (MATERIALIZED: inlined, the array was built again for every job).
+    SELECT w.key, w.hp, w.hr, w.hid, w.take, w.chunked,
+           array(SELECT s FROM generate_series(1, cardinality(w.taken) + w.take::integer) s
+                 WHERE s <> ALL (w.taken) ORDER BY s LIMIT w.take) AS free
+    FROM visited w
+    WHERE w.take > 0
+), chunk_locked AS (
+    -- The jobs the chunk already found of its granted keys, as many of each as
+    -- the key takes from its head, locked where the range scan saw them (by
+    -- tuple id: no second index scan per key). A job claimed or finished
+    -- meanwhile is skipped (its newer version is not available).
+    SELECT a.id, a.priority, a.run_at, a.ordering_key, c.lim, c.key, a.ctid AS tid
+    FROM chunk_ranked c JOIN grants g ON g.key = c.key AND g.chunked AND c.crn <= g.take
+    JOIN awa.jobs a ON a.ctid = c.tid
+    WHERE a.state = 'available' AND a.id = c.hid
+    FOR UPDATE OF a SKIP LOCKED
+)
+
+-- fragment: keyed_claim_finish
+-- Unkeyed jobs as attempt_claim takes them, then the claim of everything picked
+-- (`keyed` holds the keyed jobs with their slots).
+c1 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot, ctid AS tid FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c2 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot, ctid AS tid FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c3 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot, ctid AS tid FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c4 AS (
+    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot, ctid AS tid FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
+      AND (SELECT ok FROM plain)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id, slot, tid FROM (
+        SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
+        UNION ALL SELECT * FROM c4
+        UNION ALL SELECT id, priority, run_at, ordering_key, slot, tid FROM keyed
+        WHERE slot <= lim) c
+    WHERE c.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM awa.jobs r
+        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
+    ORDER BY CASE WHEN $4::float8 > 0
+                  THEN greatest(1, priority - floor((date_part('epoch', now())
+                                                     - date_part('epoch', run_at)) / $4))
+                  ELSE priority END,
+             run_at, id
+    LIMIT $2
+), claimed AS (
+    UPDATE awa.jobs j
+    SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+        attempted_at = now(), heartbeat_at = now(), concurrency_slot = picked.slot,
+        deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
+    -- By tuple id: every picked row is locked by this statement, so the id
+    -- it was locked at is its current version (the id check is a guard).
+    FROM picked WHERE j.ctid = picked.tid AND j.id = picked.id
+    RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
+              j.run_lease, date_part('epoch', j.run_at) AS run_at,
+              date_part('epoch', j.created_at) AS created_at,
+              date_part('epoch', j.attempted_at) AS attempted_at,
+              date_part('epoch', j.deadline_at) AS deadline_at,
+              nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
+              j.errors, j.progress, j.unique_key, j.ordering_key,
+              j.concurrency_key, j.concurrency_limit, j.concurrency_slot
+)
+
+-- name: attempt_claim_keyed
+-- attempt_claim for a queue that holds keyed jobs: up to $2 jobs of queue $1
+-- ($3 deadline seconds, $4 aging interval as in attempt_claim), unkeyed ones
+-- exactly as attempt_claim takes them, keyed ones by walking the keys that
+-- have available jobs in turn (round robin): from the first key after $5
+-- (the cursor the previous claim returned, '' at first) to the last, then
+-- from the first again, at most $6 keys. The walk begins with one range scan
+-- of the next $2 keyed jobs in key order (`chunk`), which covers many keys at
+-- once when each holds few jobs, and goes on key by key (`walk`) only if the
+-- chunk's keys could not fill the claim. A key with every slot taken is
+-- passed, so a saturated key never holds up the others.
+-- Within a key, jobs go by priority, then age; each takes the lowest free
+-- slot not above its own limit (its max_in_flight, else the queue's
+-- key_max_in_flight, else 1). Returns attempt_claim's columns, then the key,
+-- limit and slot, then the cursor for the next claim and whether the walk
+-- stopped at $6 keys; with nothing claimed, one row whose id is NULL.
+WITH RECURSIVE {{keyed_claim_chunk}}, walk(key, hp, hr, hid, taken, take, found, visits, wrapped) AS (
     -- Only when the chunk is full but its keys could not give $2 jobs (some at
     -- their limit): go on key by key from the chunk's last key. The first row
     -- is that last key again, with nothing to take.
@@ -132,104 +223,103 @@ WITH RECURSIVE open AS (
       -- after wrapping around, stop on reaching the keys the walk began with
       AND NOT ((w.wrapped OR h.wrap) AND h.key > $5::text)
 ), visited AS (
-    SELECT key, hp, hr, hid, taken, take, visit AS visits FROM chunk_keys
+    SELECT key, hp, hr, hid, taken, take, visit AS visits, true AS chunked FROM chunk_keys
     UNION ALL
-    SELECT key, hp, hr, hid, taken, take, visits FROM walk
-), grants AS MATERIALIZED (
-    -- The free slots of each key the walk grants, lowest first, as many as it
-    -- takes of the key: its rn-th job gets free[rn]. Computed once per key
-    -- (MATERIALIZED: inlined, the array was built again for every job).
-    SELECT w.key, w.hp, w.hr, w.hid, w.take,
-           array(SELECT s FROM generate_series(1, cardinality(w.taken) + w.take::integer) s
-                 WHERE s <> ALL (w.taken) ORDER BY s LIMIT w.take) AS free
-    FROM visited w
-    WHERE w.take > 0
-), keyed AS (
-    -- Each granted key's jobs, locked from its head (the first job of it the
-    -- chunk or the walk saw): the index still holds entries of jobs claimed a
-    -- moment ago, not yet marked dead, and only the first read steps over them.
-    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot
+    SELECT key, hp, hr, hid, taken, take, visits, false FROM walk
+), {{keyed_claim_grants}}, keyed AS (
+    -- Each granted key's jobs with the slots they get: its rn-th job locked
+    -- takes free[rn]. The keys the walk found are locked from their head (the
+    -- first job of it the walk saw): the index still holds entries of jobs
+    -- claimed a moment ago, not yet marked dead, and only the first read
+    -- steps over them.
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot, x.tid
+    FROM (SELECT l.*, (row_number() OVER (PARTITION BY l.key
+                                          ORDER BY l.priority, l.run_at, l.id))::integer AS rn
+          FROM chunk_locked l) x
+    JOIN grants g ON g.key = x.key AND g.chunked
+    UNION ALL
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot, x.tid
     FROM grants g,
     LATERAL (SELECT l.*, (row_number() OVER (ORDER BY l.priority, l.run_at, l.id))::integer AS rn
              FROM (
-                 SELECT a.id, a.priority, a.run_at, a.ordering_key,
+                 SELECT a.id, a.priority, a.run_at, a.ordering_key, a.ctid AS tid,
                         coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim
                  FROM awa.jobs a
                  WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key = g.key
                    AND (a.priority, a.run_at, a.id) >= (g.hp, g.hr, g.hid)
                  ORDER BY a.priority, a.run_at, a.id LIMIT g.take
                  FOR UPDATE SKIP LOCKED) l) x
+    WHERE NOT g.chunked
     -- Never reached (the grants add up to at most $2), but it caps the rows
     -- the planner expects: it guesses a tenth of each key's jobs per LIMIT
     -- g.take, and a plan costed on that crossed jit_above_cost with a big
     -- backlog (a JIT-compiled claim takes seconds).
     LIMIT 1000
-), c1 AS (
-    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
-      AND (SELECT ok FROM plain)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), c2 AS (
-    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
-      AND (SELECT ok FROM plain)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), c3 AS (
-    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
-      AND (SELECT ok FROM plain)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), c4 AS (
-    SELECT id, priority, run_at, ordering_key, NULL::integer AS slot FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
-      AND (SELECT ok FROM plain)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id, slot FROM (
-        SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
-        UNION ALL SELECT * FROM c4
-        UNION ALL SELECT id, priority, run_at, ordering_key, slot FROM keyed
-        WHERE slot <= lim) c
-    WHERE c.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM awa.jobs r
-        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
-    ORDER BY CASE WHEN $4::float8 > 0
-                  THEN greatest(1, priority - floor((date_part('epoch', now())
-                                                     - date_part('epoch', run_at)) / $4))
-                  ELSE priority END,
-             run_at, id
-    LIMIT $2
-), claimed AS (
-    UPDATE awa.jobs j
-    SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
-        attempted_at = now(), heartbeat_at = now(), concurrency_slot = picked.slot,
-        deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
-    FROM picked WHERE j.id = picked.id
-    RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
-              j.run_lease, date_part('epoch', j.run_at) AS run_at,
-              date_part('epoch', j.created_at) AS created_at,
-              date_part('epoch', j.attempted_at) AS attempted_at,
-              date_part('epoch', j.deadline_at) AS deadline_at,
-              nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
-              j.errors, j.progress, j.unique_key, j.ordering_key,
-              j.concurrency_key, j.concurrency_limit, j.concurrency_slot
-)
+), {{keyed_claim_finish}}
 SELECT c.*, w.cursor, w.capped
 FROM (SELECT coalesce((SELECT key FROM visited ORDER BY visits DESC LIMIT 1), $5::text)
                AS cursor,
              coalesce((SELECT max(visits) FROM visited), 0) >= $6 AS capped) w
 LEFT JOIN claimed c ON true
 
--- name: concurrency_running_by_key
--- Jobs in flight per key of queue $1 (NULL: every queue), with the largest
--- limit among them: what `queue_stats`-like surfaces show as saturated keys.
-SELECT concurrency_key, count(*) AS in_flight, max(concurrency_limit) AS max_in_flight
-FROM awa.jobs
-WHERE concurrency_slot IS NOT NULL AND state IN ('running', 'waiting_external')
-  AND ($1::text IS NULL OR queue = $1)
-GROUP BY concurrency_key
-ORDER BY count(*) DESC, concurrency_key
-LIMIT $2
+-- name: attempt_claim_keyed_chunk
+-- The common keyed claim: attempt_claim_keyed without its walk key by key, so a
+-- smaller plan (a claim's fixed cost is mostly its plan's size: the walk alone
+-- was a third of it). Up to $2 jobs of queue $1 ($3 deadline seconds, $4 aging
+-- interval), unkeyed ones as attempt_claim takes them, keyed ones from the one
+-- range scan of the next $2 keyed jobs in key order after the cursor $5
+-- (wrapping round), each key granted up to its free slots. Returns the claimed
+-- jobs as attempt_claim_keyed does, then the cursor and `walk`: the scan was
+-- full but its keys could not fill the claim (some at their limit), so the
+-- caller goes on with attempt_claim_keyed from the cursor (worker/keyed.py).
+WITH {{keyed_claim_chunk}}, visited AS (
+    SELECT key, hp, hr, hid, taken, take, visit AS visits, true AS chunked FROM chunk_keys
+), {{keyed_claim_grants}}, keyed AS (
+    -- Each granted key's jobs with the slots they get: its rn-th job locked
+    -- takes free[rn].
+    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot, x.tid
+    FROM (SELECT l.*, (row_number() OVER (PARTITION BY l.key
+                                          ORDER BY l.priority, l.run_at, l.id))::integer AS rn
+          FROM chunk_locked l) x
+    JOIN grants g ON g.key = x.key
+), {{keyed_claim_finish}}
+SELECT c.*, w.cursor, w.walk
+FROM (SELECT coalesce((SELECT key FROM chunk_keys ORDER BY visit DESC LIMIT 1), $5::text)
+               AS cursor,
+             (SELECT count(*) FROM chunk) = $2
+             AND coalesce((SELECT sum(take) FROM chunk_keys), 0) < $2 AS walk) w
+LEFT JOIN claimed c ON true
+
+-- name: concurrency_key_stats
+-- Keys with jobs in flight, per queue (only queue $1; NULL: every queue),
+-- saturated first, then by jobs in flight, at most $2: the jobs in flight on
+-- the queue, on every queue (what the limit counts), the limit (the largest
+-- among the jobs in flight: their own, else the queue's, else 1) and the
+-- key's available jobs on the queue, counted up to $3. Reads the slot index
+-- (jobs in flight only) and, per key listed, at most $3 entries of the keyed
+-- claim index: never the whole backlog. A key with nothing in flight is not
+-- held by its limit and is not listed.
+WITH flight AS (
+    SELECT r.queue, r.concurrency_key AS key, count(*) AS running,
+           max(coalesce(r.concurrency_limit, q.key_max_in_flight, 1)) AS lim
+    FROM awa.jobs r LEFT JOIN awa.queues q ON q.queue = r.queue
+    WHERE r.concurrency_slot IS NOT NULL AND r.state IN ('running', 'waiting_external')
+    GROUP BY r.queue, r.concurrency_key
+), keys AS (
+    SELECT f.queue, f.key, f.running,
+           sum(f.running) OVER (PARTITION BY f.key)::bigint AS in_flight,
+           max(f.lim) OVER (PARTITION BY f.key) AS lim
+    FROM flight f
+)
+SELECT k.queue, k.key, k.running, k.in_flight, k.lim AS max_in_flight,
+       k.in_flight >= k.lim AS saturated, w.waiting
+FROM (SELECT * FROM keys WHERE $1::text IS NULL OR queue = $1
+      ORDER BY in_flight >= lim DESC, in_flight DESC, key, queue LIMIT $2) k,
+LATERAL (SELECT count(*) AS waiting FROM (
+             SELECT 1 FROM awa.jobs a
+             WHERE a.state = 'available' AND a.queue = k.queue AND a.concurrency_key = k.key
+             LIMIT $3) c) w
+ORDER BY k.in_flight >= k.lim DESC, k.in_flight DESC, k.key, k.queue
 
 -- name: queue_set_key_limit
 -- A worker records the key_max_in_flight of the queues it serves with one.

@@ -6,13 +6,16 @@
 -- most a minute ago (see CronService), then goes on from there; a changed one
 -- keeps its last fire.
 INSERT INTO awa.cron_jobs (name, cron_expr, timezone, kind, queue, args, priority, max_attempts,
-                           tags, metadata, missed_fire_policy, last_fire_at)
-VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10::text::jsonb, $11, NULL)
+                           tags, metadata, missed_fire_policy, last_fire_at,
+                           concurrency_key, concurrency_limit)
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8, $9, $10::text::jsonb, $11, NULL, $12, $13)
 ON CONFLICT (name) DO UPDATE
 SET cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind,
     queue = EXCLUDED.queue, args = EXCLUDED.args, priority = EXCLUDED.priority,
     max_attempts = EXCLUDED.max_attempts, tags = EXCLUDED.tags, metadata = EXCLUDED.metadata,
-    missed_fire_policy = EXCLUDED.missed_fire_policy, updated_at = now()
+    missed_fire_policy = EXCLUDED.missed_fire_policy,
+    concurrency_key = EXCLUDED.concurrency_key, concurrency_limit = EXCLUDED.concurrency_limit,
+    updated_at = now()
 
 -- name: cron_list
 SELECT *, now() AS db_now FROM awa.cron_jobs ORDER BY name

@@ -129,7 +129,8 @@ def routes(state: UiState) -> tuple[list[tuple[str, Handler]], list[tuple[str, H
         client = await state.client()
         async with state.reading() as conn:
             kinds = [d for d in await data.descriptors(conn, client._q) if d["scope"] == "kind"]
-            return JSONResponse({"queues": await data.queues(conn, client._q), "kinds": kinds})
+            return JSONResponse({"queues": await data.queues(conn, client._q), "kinds": kinds,
+                                 "keys": await data.concurrency_keys(conn, client._q)})
 
     async def cron(_: Request) -> Response:
         client = await state.client()

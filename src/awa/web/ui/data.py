@@ -7,11 +7,13 @@ window of ids, so a page costs the same with a thousand or a million jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from awa.admin import descriptors as awa_descriptors
+from awa.admin import jobs as admin_jobs
 from awa.admin.workflows import workflow_graph
 from awa.core import validate
 from awa.core.model import Job
@@ -69,6 +71,11 @@ async def queues(conn: Conn, q: Queries) -> list[dict[str, Any]]:
         row["descriptor"] = described.get(name)
         out.append(row)
     return out
+
+
+async def concurrency_keys(conn: Conn, q: Queries) -> list[dict[str, Any]]:
+    """Concurrency keys with jobs in flight, saturated first (`client.concurrency_keys`)."""
+    return [dataclasses.asdict(k) for k in await admin_jobs.concurrency_keys(conn, q)]
 
 
 async def descriptors(conn: Conn, q: Queries) -> list[dict[str, Any]]:

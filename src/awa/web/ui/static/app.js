@@ -155,6 +155,19 @@ function descriptorCell(d) {
   return `${name}${x.owner ? ` · ${esc(x.owner)}` : ""} <span class="state ${d.status === "live" ? "completed" : d.status === "drifted" ? "retryable" : "failed"}">${esc(d.status)}</span>`;
 }
 
+// Concurrency keys with jobs in flight, saturated first (client.concurrency_keys).
+function keyTable(keys) {
+  if (!keys.length) return "";
+  return `<h2>Concurrency keys in flight</h2>
+  <table id="keys"><tr><th>queue</th><th>key</th><th class="num">in flight / limit</th>
+    <th class="num">running here</th><th class="num">waiting</th><th></th></tr>
+  ${keys.map((k) => `<tr data-key="${esc(k.key)}"><td>${esc(k.queue)}</td><td>${esc(k.key)}</td>
+    <td class="num">${fmtN(k.in_flight)} / ${fmtN(k.max_in_flight)}</td><td class="num">${fmtN(k.running)}</td>
+    <td class="num">${fmtN(k.waiting)}${k.waiting_at_least ? "+" : ""}</td>
+    <td>${k.saturated ? `<span class="state retryable">saturated</span>` : ""}</td></tr>`).join("")}</table>
+  <p class="muted">Keys with jobs running (at most 50, saturated first); a saturated key's next job waits for one of its slots.</p>`;
+}
+
 async function queuesView() {
   const r = await api("queues");
   const names = r.queues.map((q) => q.queue);
@@ -170,6 +183,7 @@ async function queuesView() {
     <input name="rate_limit" placeholder="rate/s[/burst]" size="12">
     <input name="deadline_ms" placeholder="deadline ms" size="12">
     <button type="submit">Set override</button></form>` : "")}
+  ${keyTable(r.keys || [])}
   ${r.kinds.length ? `<h2>Job kinds</h2><table id="kinds"><tr><th>kind</th><th>descriptor</th><th>description</th></tr>
     ${r.kinds.map((k) => `<tr><td>${esc(k.name)}</td><td>${descriptorCell(k)}</td><td>${esc(k.descriptor.description || "")}</td></tr>`).join("")}</table>` : ""}`;
 }
