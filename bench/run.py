@@ -50,6 +50,15 @@ SYSTEMS: dict[str, dict] = {
         "reqs": [],  # the repo itself, installed from REPO (see ensure_venv)
         "local": True,
     },
+    # Optional A/B arm: another checkout of this repo (--awa-base-source), e.g. main,
+    # driven exactly as `awa`, so a change is compared with its base in one run.
+    "awa-base": {
+        "db": "bench_awabase",
+        "driver": "awa.py",
+        "reqs": [],
+        "local": True,
+        "source_arg": "awa_base_source",
+    },
     "awa-pg": {"db": "bench_awapg", "driver": "awa_pg.py", "reqs": ["awa-pg==0.6.9"]},
     "pgqueuer": {
         "db": "bench_pgqueuer",
@@ -86,7 +95,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="admin URL (default $DATABASE_URL or %(default)s); each system gets its own "
         "database bench_<system> on that server, dropped and recreated per scenario",
     )
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma list, default: all")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "awa-base"),
+                   help="comma list, default: all but awa-base")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list, default: all")
     p.add_argument(
         "--jobs", type=int, default=None, help="N for insert-bulk and the drains (20000)"
@@ -106,6 +116,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=os.environ.get("BENCH_AWA_SOURCE", str(REPO)),
         help="what to pip-install as the 'awa' system (default: the repo root)",
     )
+    p.add_argument(
+        "--awa-base-source",
+        default=os.environ.get("BENCH_AWA_BASE_SOURCE"),
+        help="what to pip-install as the 'awa-base' system (an A/B arm, e.g. a main checkout)",
+    )
     p.add_argument("--keep-dbs", action="store_true", help="leave the bench_* databases in place")
     p.add_argument(
         "--rawsql-async-claim",
@@ -121,6 +136,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for s in a.systems:
         if s not in SYSTEMS:
             p.error(f"unknown system {s!r}; known: {', '.join(SYSTEMS)}")
+    if "awa-base" in a.systems and not a.awa_base_source:
+        p.error("awa-base needs --awa-base-source PATH (e.g. a checkout of main)")
     for s in a.scenarios:
         if s not in SCENARIOS:
             p.error(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
@@ -202,8 +219,8 @@ class Skip(Exception):
 
 
 def ensure_venv(name: str, args, logdir: Path) -> Path:
-    src = Path(args.awa_source).resolve()
     spec = SYSTEMS[name]
+    src = Path(getattr(args, spec.get("source_arg", "awa_source")) or "").resolve()
     venv = VENVS / name
     log = logdir / f"install-{name}.log"
     reqs = [*spec["reqs"], *COMMON_REQS]

@@ -154,3 +154,30 @@ async def test_work_one_discards_staged_on_every_other_outcome(
     assert results[3].is_waiting()
     assert any("staged follow-ups" in r.message for r in caplog.records)
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE kind = 'notify'") == 0
+
+
+async def test_completed_rows_store_less_and_read_back_whole(
+        awa_client: AwaTestClient, conn: asyncpg.Connection) -> None:
+    """Migration 0016: a completed row drops heartbeat/deadline and stores empty
+    tags/metadata as NULL (less WAL); readers still see [] and {}; failures keep all."""
+    async def handler(job: awa.JobContext) -> object:
+        return None if job.args.n == 1 else _fail()
+
+    done = await awa_client.insert(Resolve(1))
+    tagged = await awa_client.insert(Resolve(1), tags=["t"])
+    failed = await awa_client.insert(Resolve(2))
+    for _ in range(3):
+        await awa_client.work_one(Resolve, handler)
+    rows = {r["id"]: r for r in await conn.fetch(
+        "SELECT id, state::text, tags, metadata, heartbeat_at, deadline_at FROM awa.jobs_done")}
+    assert rows[done.id]["state"] == "completed"
+    assert rows[done.id]["tags"] is None and rows[done.id]["metadata"] is None
+    assert rows[done.id]["heartbeat_at"] is None and rows[done.id]["deadline_at"] is None
+    assert rows[tagged.id]["tags"] == ["t"]
+    assert rows[failed.id]["state"] == "failed" and rows[failed.id]["tags"] == []
+    assert rows[failed.id]["heartbeat_at"] is not None
+    raw = await conn.fetchrow("SELECT * FROM awa.jobs_done WHERE id = $1", done.id)
+    job = awa.Job.from_row(raw)
+    assert job.tags == [] and job.metadata == {}
+    view = await conn.fetchrow("SELECT tags, metadata FROM awa.jobs_all WHERE id = $1", done.id)
+    assert view["tags"] == [] and view["metadata"] == {}

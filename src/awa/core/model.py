@@ -91,15 +91,16 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
-        """Build from a database row of ``awa.jobs_all`` (or a table like it)."""
+        """Build from a database row of ``awa.jobs_all`` (or a table like it; a
+        completed row of ``awa.jobs_done`` stores empty tags and metadata as NULL)."""
         callback_id = row["callback_id"]
         return cls(
             id=row["id"], kind=row["kind"], queue=row["queue"],
             state=_STATE[row["state"]], priority=row["priority"],
             attempt=row["attempt"], max_attempts=row["max_attempts"],
             args=row["args"], run_at_datetime=row["run_at"],
-            created_at_datetime=row["created_at"], tags=list(row["tags"]),
-            metadata=row["metadata"], errors=row["errors"] or [],
+            created_at_datetime=row["created_at"], tags=list(row["tags"] or ()),
+            metadata=row["metadata"] or {}, errors=row["errors"] or [],
             deadline_datetime=row["deadline_at"], finalized_at_datetime=row["finalized_at"],
             attempted_at=row["attempted_at"], heartbeat_at=row["heartbeat_at"],
             progress=row["progress"], output=row["output"], run_lease=row["run_lease"],
