@@ -117,7 +117,7 @@ async def drain(admin: str, db: str, jobs: int) -> dict[str, object]:
     done = asyncio.Event()
 
     @client.task(BenchJob, queue=QUEUE)
-    async def handle(job):  # noqa: ANN001, ANN202
+    async def handle(job):
         nonlocal handled
         handled += 1
         if handled == jobs:
@@ -205,7 +205,8 @@ def main() -> None:
             spy = None
             results[name].append(res)
             print(f"round {r + 1} {name:>8}: {res['jobs_per_s']:8,.0f} jobs/s  worker "
-                  f"{res['worker_us']:5.1f} µs/job (sys {res['worker_sys_us']:4.1f})  postgres {res['pg_us']:5.1f} µs/job  "
+                  f"{res['worker_us']:5.1f} µs/job (sys {res['worker_sys_us']:4.1f})  "
+                  f"postgres {res['pg_us']:5.1f} µs/job  "
                   f"completed {res['completed']:,}", flush=True)
     print("\n| variant | jobs/s | worker CPU µs/job | Postgres CPU µs/job | rounds |")
     print("|---|---:|---:|---:|---:|")
