@@ -283,13 +283,10 @@ class CpuCap:
 
     def throttled(self) -> tuple[int, int]:
         """(periods, periods throttled) summed over the workers' cgroups."""
-        total = hit = 0
-        for d in self.dirs:
-            stat = dict(line.split() for line in (d / "cpu.stat").read_text().splitlines()
-                        if len(line.split()) == 2)
-            total += int(stat.get("nr_periods", 0))
-            hit += int(stat.get("nr_throttled", 0))
-        return total, hit
+        stats = [dict(ln.split()[:2] for ln in (d / "cpu.stat").read_text().splitlines())
+                 for d in self.dirs]
+        return (sum(int(st.get("nr_periods", 0)) for st in stats),
+                sum(int(st.get("nr_throttled", 0)) for st in stats))
 
     def down(self) -> None:
         for d in self.dirs:
@@ -434,6 +431,16 @@ def markdown(rep: dict, fmt) -> str:
     if rep.get("cpu_cap"):
         L[L.index("|---:|---|---:|---:|---:|---:|---:|---|") - 1] += " periods throttled |"
         L[L.index("|---:|---|---:|---:|---:|---:|---:|---|")] += "---:|"
+    by: dict[int, list[float]] = {}
+    for r in rep["runs"]:
+        if plain or r["network"] != "127.0.0.1":
+            by.setdefault(r["processes"], []).append(r["jobs_per_s"])
+    if any(len(v) > 1 for v in by.values()) and 1 in by:
+        import statistics as st
+        one = st.median(by[1])
+        L += ["", "Median of the repeats: " + ", ".join(
+            f"{k} process{'es' if k > 1 else ''} {fmt(st.median(v))} jobs/s "
+            f"({st.median(v) / one:.2f}×)" for k, v in sorted(by.items())) + "."]
     o = rep.get("order")
     if o:
         oc = o["order"]
@@ -454,10 +461,6 @@ def markdown(rep: dict, fmt) -> str:
                      f"{s.get('multi_process_keys', 0)} |")
     L += [""] + [f"- {n}" for n in rep["notes"]] + [""]
     return "\n".join(L)
-
-
-class _SkipOrder(Exception):
-    """--no-order: no order check after the drains."""
 
 
 def main() -> None:
@@ -553,20 +556,17 @@ def main() -> None:
             print(f"{r['jobs_per_s']:8,.0f} jobs/s  "
                   f"{'verified' if r['verify']['ok'] else 'NOT VERIFIED ' + str(r['verify'])}"
                   + (f"  throttled {r['throttled_share']:.0%}" if cap else ""), flush=True)
-        if args.no_order:
-            raise _SkipOrder
-        os.environ["BENCH_SCALE_ORDERED"] = "1"
-        order = {"keys": args.keys, "per_key": args.per_key}
-        print(f"[order] {top} process(es), {args.jobs:,} jobs + 2 × {args.keys} keys × "
-              f"{args.per_key} ordered ", end="", flush=True)
-        order_run = drain(tools, drv, sdrv, admin, postmaster, args.jobs, top, net, order)
-        order_run["jobs"] = args.jobs
-        oc = order_run["order"]
-        print(f"{'in order' if oc['ok'] else 'VIOLATED'}: "
-              f"{json.dumps({k: oc.get(k) for k in ('ordering_key', 'PartitionedQueue')})}",
-              flush=True)
-    except _SkipOrder:
-        pass
+        if not args.no_order:
+            os.environ["BENCH_SCALE_ORDERED"] = "1"
+            order = {"keys": args.keys, "per_key": args.per_key}
+            print(f"[order] {top} process(es), {args.jobs:,} jobs + 2 × {args.keys} keys × "
+                  f"{args.per_key} ordered ", end="", flush=True)
+            order_run = drain(tools, drv, sdrv, admin, postmaster, args.jobs, top, net, order)
+            order_run["jobs"] = args.jobs
+            oc = order_run["order"]
+            print(f"{'in order' if oc['ok'] else 'VIOLATED'}: "
+                  f"{json.dumps({k: oc.get(k) for k in ('ordering_key', 'PartitionedQueue')})}",
+                  flush=True)
     finally:
         if cap is not None:
             cap.down()
