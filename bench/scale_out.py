@@ -250,6 +250,50 @@ class Net:
         self.made.clear()
 
 
+class CpuCap:
+    """Each worker process in a cgroup of its own, capped at ``cpus`` CPUs (cgroup v2
+    ``cpu.max``, else v1 ``cpu.cfs_quota_us``): the worker, not the machine, is the
+    bottleneck, as on worker hosts of their own. PostgreSQL is not capped."""
+
+    PERIOD_US = 10_000
+
+    def __init__(self, cpus: float, n: int) -> None:
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        if v2.exists() and "cpu" in v2.read_text().split():
+            self.root, self.v2 = Path("/sys/fs/cgroup"), True
+        elif Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists():
+            self.root, self.v2 = Path("/sys/fs/cgroup/cpu"), False
+        else:
+            raise RuntimeError("no cgroup cpu controller (v2 cpu.max or v1 cpu.cfs_quota_us)")
+        self.cpus = cpus
+        self.dirs = [self.root / f"awa-bench-w{k}" for k in range(1, n + 1)]
+        quota = max(1000, int(cpus * self.PERIOD_US))
+        for d in self.dirs:
+            d.mkdir(exist_ok=True)
+            if self.v2:
+                (d / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
+            else:
+                (d / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+                (d / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def prefix(self, k: int) -> list[str]:
+        """Run a command inside worker k's cgroup (the shell joins it, then execs)."""
+        procs = self.dirs[k - 1] / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+
+    def throttled(self) -> tuple[int, int]:
+        """(periods, periods throttled) summed over the workers' cgroups."""
+        stats = [dict(ln.split()[:2] for ln in (d / "cpu.stat").read_text().splitlines())
+                 for d in self.dirs]
+        return (sum(int(st.get("nr_periods", 0)) for st in stats),
+                sum(int(st.get("nr_throttled", 0)) for st in stats))
+
+    def down(self) -> None:
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # empty once its processes have exited
+
+
 # ===========================================================================
 # orchestrator (bench/.venvs/_runner)
 
@@ -261,7 +305,8 @@ CREATE TABLE bench_order_log (
 """
 
 
-def drain(tools, drv, sdrv, admin, postmaster, n: int, count: int, net, order=None) -> dict:
+def drain(tools, drv, sdrv, admin, postmaster, n: int, count: int, net, order=None,
+          cap: CpuCap | None = None) -> dict:
     import psycopg
 
     bench = tools.bench
@@ -281,8 +326,11 @@ def drain(tools, drv, sdrv, admin, postmaster, n: int, count: int, net, order=No
                                            url=net.url(k, admin.url, DB))
         else:
             cmd = sdrv.cmd("worker", "--concurrency", str(CONCURRENCY))
+        if cap is not None:
+            cmd = cap.prefix(k) + cmd
         procs.append(bench.Proc(sdrv, cmd))
     fwd0 = net.forwarder_cpu() if net else None
+    thr0 = cap.throttled() if cap else None
     try:
         out = bench.run_workers(sdrv, procs, admin, DB, postmaster, n + extra,
                                 timeout=max(180, (n + extra) / 50))
@@ -292,6 +340,10 @@ def drain(tools, drv, sdrv, admin, postmaster, n: int, count: int, net, order=No
     out.pop("results", None)
     out["processes"] = count
     out["network"] = "netns + socat" if net else "127.0.0.1"
+    if cap is not None and thr0 is not None:
+        thr = cap.throttled()
+        out["cpu_cap"] = cap.cpus
+        out["throttled_share"] = (thr[1] - thr0[1]) / max(1, thr[0] - thr0[0])
     if net:
         fwd = net.forwarder_cpu()
         out["forwarder_cpu_per_1k"] = (fwd - fwd0) / (n + extra) * 1000 \
@@ -357,17 +409,38 @@ def markdown(rep: dict, fmt) -> str:
          f"concurrency {CONCURRENCY} with a {rep['pool']}-connection pool (plus the "
          f"runtime's own: 3 for claims, up to 6 for maintenance, 1 LISTEN). "
          f"Network: {rep['network']}.", ""]
+    if rep.get("cpu_cap"):
+        L += [f"**CPU cap: each worker process in its own cgroup, at most {rep['cpu_cap']} "
+              f"CPU** (PostgreSQL uncapped): the worker is the bottleneck, as on worker "
+              f"hosts of their own, and PostgreSQL has headroom on this 2-core machine. "
+              f"Not a figure for one uncapped machine.", ""]
     L += ["| processes | network | jobs/s | × 1 process | worker CPU s/1k | "
           "Postgres CPU s/1k | forwarder CPU s/1k | verified |",
           "|---:|---|---:|---:|---:|---:|---:|---|"]
+    plain = rep["network"].startswith("plain")  # no namespaces: every row counts
     base = next((r["jobs_per_s"] for r in rep["runs"]
-                 if r["processes"] == 1 and r["network"] != "127.0.0.1"), None)
+                 if r["processes"] == 1 and (plain or r["network"] != "127.0.0.1")), None)
     for r in rep["runs"]:
-        sp = r["jobs_per_s"] / base if base and r["network"] != "127.0.0.1" else None
+        sp = r["jobs_per_s"] / base if base and (plain or r["network"] != "127.0.0.1") \
+            else None
         L.append(f"| {r['processes']} | {r['network']} | {fmt(r['jobs_per_s'])} | "
                  f"{f'{sp:.2f}×' if sp else '–'} | {fmt(r.get('worker_cpu_per_1k'))} | "
                  f"{fmt(r.get('pg_cpu_per_1k'))} | {fmt(r.get('forwarder_cpu_per_1k'))} | "
-                 f"{'✓' if r['verify']['ok'] and 'error' not in r else '✗'} |")
+                 f"{'✓' if r['verify']['ok'] and 'error' not in r else '✗'} |"
+                 + (f" {r['throttled_share']:.0%} |" if "throttled_share" in r else ""))
+    if rep.get("cpu_cap"):
+        L[L.index("|---:|---|---:|---:|---:|---:|---:|---|") - 1] += " periods throttled |"
+        L[L.index("|---:|---|---:|---:|---:|---:|---:|---|")] += "---:|"
+    by: dict[int, list[float]] = {}
+    for r in rep["runs"]:
+        if plain or r["network"] != "127.0.0.1":
+            by.setdefault(r["processes"], []).append(r["jobs_per_s"])
+    if any(len(v) > 1 for v in by.values()) and 1 in by:
+        import statistics as st
+        one = st.median(by[1])
+        L += ["", "Median of the repeats: " + ", ".join(
+            f"{k} process{'es' if k > 1 else ''} {fmt(st.median(v))} jobs/s "
+            f"({st.median(v) / one:.2f}×)" for k, v in sorted(by.items())) + "."]
     o = rep.get("order")
     if o:
         oc = o["order"]
@@ -406,6 +479,11 @@ def main() -> None:
     p.add_argument("--partitions", type=int, default=4, help="order check: partitions (4)")
     p.add_argument("--no-netns", action="store_true", help="plain processes on 127.0.0.1")
     p.add_argument("--no-direct", action="store_true", help="skip the 127.0.0.1 reference row")
+    p.add_argument("--no-order", action="store_true", help="skip the order check")
+    p.add_argument("--cpu-cap", type=float, default=0.0,
+                   help="cap each worker process at this many CPUs (cgroup; needs root)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the process counts this many times, interleaved (1)")
     tools.add_common_args(p)
     args = p.parse_args()
     counts = [int(x) for x in args.procs.split(",") if x.strip()]
@@ -461,28 +539,37 @@ def main() -> None:
               flush=True)
     runs = []
     order_run = None
+    cap = None
+    if args.cpu_cap:
+        cap = CpuCap(args.cpu_cap, top)
+        notes.append(f"CPU cap {args.cpu_cap} CPU per worker process: "
+                     f"{'cgroup v2 cpu.max' if cap.v2 else 'cgroup v1 cpu.cfs_quota_us'}, "
+                     f"period {CpuCap.PERIOD_US // 1000} ms")
     try:
         plan = [] if args.no_direct or net is None else [(1, None)]
-        plan += [(c, net) for c in counts]
+        plan += [(c, net) for _ in range(args.repeat) for c in counts]
         for count, n_ in plan:
             label = "127.0.0.1" if n_ is None else "netns"
             print(f"[run] {count} process(es), {label:9} ", end="", flush=True)
-            r = drain(tools, drv, sdrv, admin, postmaster, args.jobs, count, n_)
+            r = drain(tools, drv, sdrv, admin, postmaster, args.jobs, count, n_, cap=cap)
             runs.append(r)
             print(f"{r['jobs_per_s']:8,.0f} jobs/s  "
-                  f"{'verified' if r['verify']['ok'] else 'NOT VERIFIED ' + str(r['verify'])}",
+                  f"{'verified' if r['verify']['ok'] else 'NOT VERIFIED ' + str(r['verify'])}"
+                  + (f"  throttled {r['throttled_share']:.0%}" if cap else ""), flush=True)
+        if not args.no_order:
+            os.environ["BENCH_SCALE_ORDERED"] = "1"
+            order = {"keys": args.keys, "per_key": args.per_key}
+            print(f"[order] {top} process(es), {args.jobs:,} jobs + 2 × {args.keys} keys × "
+                  f"{args.per_key} ordered ", end="", flush=True)
+            order_run = drain(tools, drv, sdrv, admin, postmaster, args.jobs, top, net, order)
+            order_run["jobs"] = args.jobs
+            oc = order_run["order"]
+            print(f"{'in order' if oc['ok'] else 'VIOLATED'}: "
+                  f"{json.dumps({k: oc.get(k) for k in ('ordering_key', 'PartitionedQueue')})}",
                   flush=True)
-        os.environ["BENCH_SCALE_ORDERED"] = "1"
-        order = {"keys": args.keys, "per_key": args.per_key}
-        print(f"[order] {top} process(es), {args.jobs:,} jobs + 2 × {args.keys} keys × "
-              f"{args.per_key} ordered ", end="", flush=True)
-        order_run = drain(tools, drv, sdrv, admin, postmaster, args.jobs, top, net, order)
-        order_run["jobs"] = args.jobs
-        oc = order_run["order"]
-        print(f"{'in order' if oc['ok'] else 'VIOLATED'}: "
-              f"{json.dumps({k: oc.get(k) for k in ('ordering_key', 'PartitionedQueue')})}",
-              flush=True)
     finally:
+        if cap is not None:
+            cap.down()
         if net is not None:
             net.down()
             left = subprocess.run(["ip", "netns", "list"], capture_output=True,
@@ -493,13 +580,15 @@ def main() -> None:
             for db in (DB, DB + "_tpl"):
                 admin.drop(db)
     rep = {"started": started, "environment": env, "env_line": tools.env_line(env),
+           "cpu_cap": args.cpu_cap or None,
            "jobs": args.jobs, "pool": pool, "keys": args.keys, "per_key": args.per_key,
            "partitions": args.partitions,
            "network": "network namespaces + socat" if net else "plain processes, 127.0.0.1",
            "runs": runs, "order": order_run, "notes": notes}
     md = markdown(rep, tools.fmt)
-    tools.write_report("scale_out", rep, md)
-    print(f"wrote {tools.RESULTS / 'scale_out.md'} and scale_out.json (logs: {logs})")
+    name = "scale_out_capped" if args.cpu_cap else "scale_out"
+    tools.write_report(name, rep, md)
+    print(f"wrote {tools.RESULTS / name}.md and {name}.json (logs: {logs})")
 
 
 if __name__ == "__main__":

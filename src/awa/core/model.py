@@ -124,8 +124,11 @@ class Job:
          created_at, attempted_at, deadline_at, tags, metadata, errors, progress,
          unique_key, ordering_key) = row
         started = _from_epoch(attempted_at, UTC)
+        due = _from_epoch(run_at, UTC)
+        # Datetimes are immutable: a job due when inserted shares one (the usual case).
+        created = due if created_at == run_at else _from_epoch(created_at, UTC)
         return cls(id, kind, queue, JobState.Running, priority, attempt, max_attempts, args,
-                   _from_epoch(run_at, UTC), _from_epoch(created_at, UTC), tags or [],
+                   due, created, tags or [],
                    metadata or {}, errors or [],
                    None if deadline_at is None else _from_epoch(deadline_at, UTC),
                    None, started, started, progress, None, run_lease, unique_key,

@@ -261,6 +261,7 @@ class _NoRun:
 
 
 _NO_RUN = _NoRun()
+NO_RUN = _NO_RUN  #: what `job_run` returns while telemetry is off (callers may skip it)
 
 
 class _Run(_NoRun):

@@ -74,14 +74,15 @@ class JobContext:
         self._progress_dirty = False
         self._callback_id: str | None = None
         self._wake: asyncio.Event | None = None
-        self.staging = StagingBuffer(router)
+        self._router = router
+        self._staging: StagingBuffer | None = None  # made on first use: most jobs stage nothing
         self._transaction: Transaction | None = None
         self.output_json: str | None = None
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._flushes: set[asyncio.Future[None]] = set()
+        self._flushes: set[asyncio.Future[None]] | None = None
 
     # -- read-only fields ---------------------------------------------------------
     @property
@@ -192,9 +193,23 @@ class JobContext:
         if self._wake is not None:
             self._wake.set()
 
+    @property
+    def staging(self) -> StagingBuffer:
+        """This attempt's staged follow-ups (sealed once the handler returned)."""
+        if self._staging is None:
+            self._staging = StagingBuffer(self._router)
+            self._staging.sealed = not self._active
+        return self._staging
+
+    def _staged_nothing(self) -> bool:
+        """Nothing staged and no failed stage: the attempt needs no follow-up write."""
+        st = self._staging
+        return st is None or (not st.requests and st.poison is None)
+
     def _seal(self) -> None:
         self._active = False
-        self.staging.sealed = True
+        if self._staging is not None:
+            self._staging.sealed = True
 
     # -- follow-ups and output -----------------------------------------------------
 
@@ -290,13 +305,16 @@ class JobContext:
             running = None
         if running is loop:
             task = loop.create_task(self.flush_progress())
+            if self._flushes is None:
+                self._flushes = set()
             self._flushes.add(task)
             task.add_done_callback(self._flush_done)
             return
         asyncio.run_coroutine_threadsafe(self.flush_progress(), loop).result()
 
     def _flush_done(self, task: asyncio.Future[None]) -> None:
-        self._flushes.discard(task)
+        if self._flushes is not None:
+            self._flushes.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("a scheduled progress flush of job %d failed", self.id,
                         exc_info=task.exception())

@@ -102,10 +102,17 @@ class Dispatcher:
 
     def _start_ready(self) -> None:
         """Start jobs claimed ahead while slots are free."""
+        ready = self.ready
+        if not ready or self._stopped():
+            return
         name = self.cfg.name
-        while self.ready and not self._stopped() and self._capacity.free(name) > 0:
-            self._capacity.acquire(name)
-            self._launch(self.ready.popleft())
+        # Launching only creates tasks, so the free slots are counted once.
+        n = min(len(ready), self._capacity.free(name))
+        if n > 0:
+            self._capacity.acquire(name, n)
+            launch = self._launch
+            for _ in range(n):
+                launch(ready.popleft())
 
     def _stopped(self) -> bool:
         """The worker is stopping: start nothing more, claim nothing more."""

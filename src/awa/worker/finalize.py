@@ -69,6 +69,18 @@ class Finalizer:
             followups += staged
         return outcome, followups
 
+    def batched(self, job: Job, ctx: JobContext, outcome: Outcome) -> bool:
+        """The common case without a coroutine: a plain completion (nothing staged,
+        no follow-up specs, no hooks) queued for the next batch; what `finalize`
+        does for it, nothing waiting. False: not that case, nothing done."""
+        if outcome.kind != "completed" or outcome.committed or self.followups.has_hooks \
+                or not ctx._staged_nothing() or self.followups.has_specs("completed", job.kind):
+            return False
+        ctx._seal()
+        output = outcome.output_json if outcome.output_json is not None else ctx.output_json
+        self.completer.complete(job.id, job.run_lease, output)
+        return True
+
     async def finalize(self, job: Job, ctx: JobContext | None, outcome: Outcome, *,
                        allow_batch: bool) -> Finalized:
         """Apply the rules and write the result under the attempt's run lease."""
