@@ -200,8 +200,19 @@ _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", 
                  "concurrency_limit")
 
 
-def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
-    return [j.insert_params() for j in jobs]
+async def stage(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                extra: Sequence[tuple[Any, Any]] | None = None) -> None:
+    """COPY ``jobs`` into a staging table that lives until the transaction ends;
+    ``extra[i]``: job ``i``'s parents and policy (`dependencies.insert_many_after`)."""
+    await conn.execute(q["job_staging_create"])
+    if extra is None:
+        await conn.copy_records_to_table("awa_job_staging",
+                                         records=[j.insert_params() for j in jobs],
+                                         columns=_COPY_COLUMNS)
+    else:
+        await conn.copy_records_to_table(
+            "awa_job_staging", columns=(*_COPY_COLUMNS, "after_ids", "on_parent_failure"),
+            records=[(*j.insert_params(), *e) for j, e in zip(jobs, extra, strict=True)])
 
 
 async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
@@ -211,9 +222,7 @@ async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
         return []
     with translated():
         async with conn.transaction():
-            await conn.execute(q["job_staging_create"])
-            await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
-                                             columns=_COPY_COLUMNS)
+            await stage(conn, q, jobs)
             rows = await conn.fetch(q["job_insert_from_staging"])
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
