@@ -72,6 +72,7 @@ _SYNC_TYPES = ("a psycopg Connection, a SQLAlchemy Connection / Session, "
 _OPTION_NAMES = InsertOptions.__optional_keys__ | InsertOptions.__required_keys__
 _JSON_COLUMNS = ("args", "metadata", "errors", "progress", "output")
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+_COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
 _SCHEMA_STATES = {"42P01", "3F000", "42704", "42883"}  # undefined table/schema/object/function
 Style = Literal["dollar", "format"]
 
@@ -80,6 +81,7 @@ def to_paramstyle(sql: str, params: Sequence[Any], style: Style) -> tuple[str, t
     """Rewrite Awa's ``$n`` placeholders for a driver; ``format`` repeats reused params."""
     if style == "dollar":
         return sql, tuple(params)
+    sql = _COMMENT_LINE.sub("", sql)  # a "$1" in a comment is no placeholder
     ordered: list[Any] = []
 
     def placeholder(match: re.Match[str]) -> str:
