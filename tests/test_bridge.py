@@ -326,7 +326,7 @@ async def test_after_in_the_callers_transaction(family: Any, app_db: str,
     await _finish(conn, done.id)
     async with family(app_db) as tx:
         parent = await tx.insert(Email("p@example.com"))  # this transaction's own, uncommitted
-        child = await tx.insert(Email("c@example.com"), after=[parent["id"]],
+        child = await tx.insert(Email("c@example.com"), after=[parent],  # the dict will do
                                 on_parent_failure="run_anyway")
         ready = await tx.insert(Email("r@example.com"), after=[done])
         with pytest.raises(awa.ValidationError, match=r"^after: no job has id"):

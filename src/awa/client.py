@@ -277,7 +277,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
             if parents is None:
                 return await producer.copy_many(conn, self._q, prepared)
-            return len(await dependencies.insert_many_after(conn, self._q, prepared, parents))
+            return await dependencies.copy_many_after(conn, self._q, prepared, parents)
 
     def paced(self, queue: str, target_depth: int, *, min_sleep: float = 0.01,
               max_sleep: float = 1.0, max_wait: float | None = None) -> Pacer:

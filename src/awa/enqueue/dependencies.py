@@ -70,12 +70,13 @@ def parents_of(after: object, on_parent_failure: object) -> tuple[list[int], Pol
 
 
 def parent_ids(after: object) -> list[int]:
-    """The ids ``after`` names (jobs or ids), in order, duplicates dropped."""
-    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+    """The ids ``after`` names (jobs, the bridge's job dicts, or ids), in order,
+    duplicates dropped."""
+    if isinstance(after, str | bytes | Mapping) or not isinstance(after, Iterable):
         raise ValidationError("after", "must be a list of jobs or job ids")
     ids: list[int] = []
     for item in after:
-        value = getattr(item, "id", item)
+        value = item.get("id", item) if isinstance(item, Mapping) else getattr(item, "id", item)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValidationError("after", f"{item!r} is neither a job nor a job id")
         if value not in ids:
@@ -208,28 +209,63 @@ async def insert_after(conn: Conn, q: Queries, job: PreparedJob, after: Sequence
     return job_type.from_row(row)  # type: ignore[return-value]
 
 
+def _staged(jobs: Sequence[PreparedJob], parents: Sequence[Parents | None]
+            ) -> list[tuple[Any, ...]]:
+    """Staging records of a bulk insert: a waiting job parked (as `parked`, without
+    copying it), each record ending with the job's parents and policy."""
+    records = []
+    for job, p in zip(jobs, parents, strict=True):
+        params = job.insert_params()
+        if p is None:
+            records.append((*params, None, None))
+            continue
+        if job.run_at is not None:
+            parked(job, has_parents=True, has_children=False)  # raises: run_at with after
+        records.append((*params[:3], states.PARKED_RUN_AT, *params[4:], p[0], p[1]))
+    return records
+
+
+async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                         parents: Sequence[Parents | None], statement: str) -> list[Any]:
+    """Check the parents, stage the batch and run ``statement`` over it, then apply
+    the parents already finished; the statement's rows (re-read if any applied)."""
+    records = _staged(jobs, parents)
+    waiting = [p for p in parents if p is not None]
+    wanted = list(dict.fromkeys(i for ids, _ in waiting for i in ids))
+    with translated():
+        async with conn.transaction():
+            finished = await run(conn, q, check_parents(wanted, waiting))
+            await producer.stage(conn, q, records, with_parents=True)
+            found = await conn.fetch(q[statement])
+            if finished:
+                await run(conn, q, release(finished))
+                if statement == "dependency_insert_from_staging":
+                    found = await conn.fetch(q["dependency_jobs_get"],
+                                             [r["id"] for r in found])
+    return found
+
+
 async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                             parents: Sequence[Parents | None],
                             job_type: type[J] = Job) -> list[J]:  # type: ignore[assignment]
     """`producer.insert_many` for a batch where ``parents[i]`` is what job ``i`` waits
     for (None: nothing): the same checks and atomicity as `insert_after`, one
     lock statement and one staged insert (with the edges) for the whole batch."""
-    staged = [parked(j, has_parents=p is not None, has_children=False)
-              for j, p in zip(jobs, parents, strict=True)]
-    waiting = [p for p in parents if p is not None]
-    wanted = list(dict.fromkeys(i for ids, _ in waiting for i in ids))
-    with translated():
-        async with conn.transaction():
-            finished = await run(conn, q, check_parents(wanted, waiting))
-            extra = [(None, None) if p is None else (p[0], p[1]) for p in parents]
-            await producer.stage(conn, q, staged, extra)
-            rows = await conn.fetch(q["dependency_insert_from_staging"])
-            if finished:
-                await run(conn, q, release(finished))
-                rows = await conn.fetch(q["dependency_jobs_get"], [r["id"] for r in rows])
+    rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted
+
+
+async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                          parents: Sequence[Parents | None]) -> int:
+    """`insert_many_after` answering only how many jobs it inserted (no rows sent
+    back: `enqueue_many_copy`)."""
+    if any(j.unique_key is not None for j in jobs):  # which ones were skipped: the rows say
+        return len(await insert_many_after(conn, q, jobs, parents))
+    rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
+    telemetry.inserted_jobs(jobs)
+    return int(rows[0]["inserted"])
 
 
 async def insert_graph(conn: Conn, q: Queries,

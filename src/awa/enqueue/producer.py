@@ -200,19 +200,15 @@ _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", 
                  "concurrency_limit")
 
 
-async def stage(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
-                extra: Sequence[tuple[Any, Any]] | None = None) -> None:
-    """COPY ``jobs`` into a staging table that lives until the transaction ends;
-    ``extra[i]``: job ``i``'s parents and policy (`dependencies.insert_many_after`)."""
+async def stage(conn: Conn, q: Queries, records: list[tuple[Any, ...]], *,
+                with_parents: bool = False) -> None:
+    """COPY job records (`PreparedJob.insert_params`) into a staging table that lives
+    until the transaction ends; ``with_parents``: each record ends with the job's
+    parent ids and policy (`dependencies.insert_many_after`)."""
     await conn.execute(q["job_staging_create"])
-    if extra is None:
-        await conn.copy_records_to_table("awa_job_staging",
-                                         records=[j.insert_params() for j in jobs],
-                                         columns=_COPY_COLUMNS)
-    else:
-        await conn.copy_records_to_table(
-            "awa_job_staging", columns=(*_COPY_COLUMNS, "after_ids", "on_parent_failure"),
-            records=[(*j.insert_params(), *e) for j, e in zip(jobs, extra, strict=True)])
+    columns = (*_COPY_COLUMNS, "after_ids", "on_parent_failure") if with_parents \
+        else _COPY_COLUMNS
+    await conn.copy_records_to_table("awa_job_staging", records=records, columns=columns)
 
 
 async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
@@ -222,7 +218,7 @@ async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
         return []
     with translated():
         async with conn.transaction():
-            await stage(conn, q, jobs)
+            await stage(conn, q, [j.insert_params() for j in jobs])
             rows = await conn.fetch(q["job_insert_from_staging"])
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)

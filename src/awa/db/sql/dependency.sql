@@ -39,21 +39,36 @@ SELECT p, c, pol, o FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::smal
 SELECT coalesce(sum(awa.release_dependents(p, s::awa.job_state, pa)), 0)::int AS touched
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(p, s, pa)
 
--- name: dependency_insert_from_staging
--- job_insert_from_staging for rows that may wait for other jobs: also the
--- edges of each inserted row to the parents in its after_ids (a row skipped
--- for its unique key gets none), with its on_parent_failure.
-WITH {{staging_claimed}},
-ins AS (
-    {{staging_insert}}
-    RETURNING *
-), edges AS (
+-- fragment: staging_edges
+-- The edges of each row inserted from the staging table (ins) to the parents in
+-- its after_ids, with its on_parent_failure (a row skipped for its unique key
+-- gets none).
+edges AS (
     INSERT INTO awa.job_dependencies (parent_id, child_id, policy, ordinal)
     SELECT p.parent, s.id, s.on_parent_failure, (p.ord - 1)::smallint
     FROM src s JOIN ins ON ins.id = s.id,
          unnest(s.after_ids) WITH ORDINALITY AS p(parent, ord)
 )
+
+-- name: dependency_insert_from_staging
+-- job_insert_from_staging for rows that may wait for other jobs: the jobs and
+-- their edges in one statement; the inserted rows.
+WITH {{staging_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING *
+), {{staging_edges}}
 SELECT * FROM ins ORDER BY id
+
+-- name: dependency_count_from_staging
+-- dependency_insert_from_staging answering only how many jobs it inserted
+-- (enqueue_many_copy: no rows to send back).
+WITH {{staging_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING id
+), {{staging_edges}}
+SELECT count(*) AS inserted FROM ins
 
 -- name: dependency_jobs_get
 -- Jobs by id, in id order (rows re-read after an insert released some at once).
