@@ -27,8 +27,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
+from tests.helpers import wait_until
+from tests.test_telemetry import Otel, otel  # noqa: F401  (the fixture)
 
 import awa
+from awa.core import states
 from awa.enqueue.bridge import insert_job, insert_job_sync, to_paramstyle
 
 
@@ -309,6 +312,129 @@ async def test_unique_conflict_validation_and_database_errors(
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 1
 
 
+async def _finish(conn: asyncpg.Connection, job_id: int, state: str = "completed") -> None:
+    await conn.execute(
+        "WITH moved AS (DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j) "
+        "INSERT INTO awa.jobs_done SELECT f.* FROM moved m, "
+        "LATERAL awa.finished(m.j, $2::awa.job_state, interval '1 hour') f", job_id, state)
+
+
+async def test_after_in_the_callers_transaction(family: Any, app_db: str,
+                                                client: awa.AsyncClient,
+                                                conn: asyncpg.Connection) -> None:
+    done = await client.insert(Email("done@example.com"))
+    await _finish(conn, done.id)
+    async with family(app_db) as tx:
+        parent = await tx.insert(Email("p@example.com"))  # this transaction's own, uncommitted
+        child = await tx.insert(Email("c@example.com"), after=[parent],  # the dict will do
+                                on_parent_failure="run_anyway")
+        ready = await tx.insert(Email("r@example.com"), after=[done])
+        with pytest.raises(awa.ValidationError, match=r"^after: no job has id"):
+            await tx.insert(Email("x@example.com"), after=[parent["id"], 10_000_000])
+        with pytest.raises(awa.ValidationError, match=r"^on_parent_failure"):
+            await tx.insert(Email("x@example.com"), on_parent_failure="discard")
+        with pytest.raises(awa.ValidationError, match=r"^run_at"):
+            await tx.insert(Email("x@example.com"), after=[done], run_at=datetime.now(UTC))
+        await tx.app_row("still usable")  # the refused inserts left nothing behind
+        await tx.end(True)
+    assert child["state"] == "scheduled" and child["run_at"].year == 9999
+    assert ready["state"] == "available"  # its parent had completed: applied at once
+    assert child == as_dict(await client.get_job(child["id"]))
+    assert (await client.get_job(parent["id"])).metadata == {"_awa_dependents": True}
+    edges = await conn.fetch("SELECT parent_id, child_id, policy FROM awa.job_dependencies "
+                             "ORDER BY child_id")
+    assert [tuple(e) for e in edges] == [(parent["id"], child["id"], "run_anyway"),
+                                         (done.id, ready["id"], "cancel")]
+    assert await app_rows(conn) == ["still usable"]
+    await _finish(conn, parent["id"], "failed")
+    assert (await client.get_job(child["id"])).state is awa.JobState.Available
+
+    async with family(app_db) as tx:  # the child and its edges roll back with the caller
+        lost = await tx.insert(Email("l@example.com"), after=[child["id"]])
+        await tx.end(False)
+    with pytest.raises(awa.JobNotFound):
+        await client.get_job(lost["id"])
+    assert await conn.fetchval("SELECT count(*) FROM awa.job_dependencies") == 2
+
+
+async def test_after_outside_a_transaction_is_atomic(database_url: str,
+                                                     client: awa.AsyncClient,
+                                                     conn: asyncpg.Connection) -> None:
+    """On an autocommit connection a job with after takes a transaction of its own:
+    a refused parent leaves neither the child nor a parent's mark behind."""
+    parent = await client.insert(Email("p@example.com"))
+    own = await asyncpg.connect(database_url)
+    sync_conn = psycopg.connect(database_url, autocommit=True)
+    try:
+        with pytest.raises(awa.ValidationError, match="after"):
+            await insert_job(own, Email("x@example.com"), after=[parent.id, 10_000_000])
+        assert not own.is_in_transaction()
+        with pytest.raises(awa.ValidationError, match="after"):
+            insert_job_sync(sync_conn, Email("x@example.com"), after=[10_000_000])
+        assert (await client.get_job(parent.id)).metadata == {}
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 1
+        child = await insert_job(own, Email("c@example.com"), after=[parent.id])
+        other = insert_job_sync(sync_conn, Email("d@example.com"), after=[parent.id])
+        assert not own.is_in_transaction()
+    finally:
+        await own.close()
+        sync_conn.close()
+    assert await conn.fetchval("SELECT array_agg(child_id ORDER BY child_id) "
+                               "FROM awa.job_dependencies") == [child["id"], other["id"]]
+
+
+async def test_after_parent_lock_on_the_callers_connection(database_url: str,
+                                                           client: awa.AsyncClient,
+                                                           conn: asyncpg.Connection) -> None:
+    """As with the client: a parent finishing while the caller's transaction holds a
+    child of it waits for that commit, then releases the child."""
+    parent = await client.insert(Email("p@example.com"))
+    app = psycopg.connect(database_url)  # a transaction opens implicitly
+    finisher = await asyncpg.connect(database_url)
+    try:
+        child = insert_job_sync(app, Email("c@example.com"), after=[parent.id])
+        done = asyncio.create_task(_finish(finisher, parent.id))
+
+        async def blocked() -> bool:
+            return bool(await conn.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                finisher.get_server_pid()))
+
+        await wait_until(blocked, message="the parent's finish to wait for the insert")
+        app.commit()
+        await done
+    finally:
+        app.close()
+        await finisher.close()
+    assert (await client.get_job(child["id"])).state is awa.JobState.Available
+
+
+async def test_backpressure_in_the_callers_transaction(
+        family: Any, app_db: str, client: awa.AsyncClient, conn: asyncpg.Connection,
+        otel: Otel) -> None:  # noqa: F811  (the fixture)
+    await client.enqueue_many_copy([Email(f"{n}@example.com") for n in range(5)],
+                                   queue="mail")
+    async with family(app_db) as tx:
+        await tx.app_row("mine")
+        with pytest.raises(awa.QueueFull) as full:
+            await tx.insert(Email("x@example.com"), queue="mail",
+                            backpressure=awa.Reject(5))
+        assert (full.value.queue, full.value.depth, full.value.limit) == ("mail", 5, 5)
+        job = await tx.insert(Email("y@example.com"), queue="mail", backpressure="signal")
+        assert job["queue_depth"] == awa.QueueDepth("mail", 5, states.DEPTH_SIGNAL_CAP)
+        # The count sees this transaction's own uncommitted job.
+        with pytest.raises(awa.QueueFull):
+            await tx.insert(Email("z@example.com"), queue="mail", backpressure=awa.Reject(6))
+        await tx.insert(Email("w@example.com"), queue="mail", backpressure=awa.Reject(7))
+        with pytest.raises(awa.ValidationError, match=r"^backpressure"):
+            await tx.insert(Email("v@example.com"), backpressure="sometimes")
+        await tx.end(True)  # QueueFull left the transaction usable
+    assert await app_rows(conn) == ["mine"]
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE queue = 'mail'") == 7
+    assert otel.value("awa.enqueue.signalled", kind="email", queue="mail") == 1
+    assert otel.value("awa.enqueue.rejected", kind="email", queue="mail") == 2
+
+
 async def test_wrong_connection_types(database_url: str) -> None:
     with pytest.raises(TypeError, match="asyncpg Connection"):
         await insert_job(42, Email("x"))
@@ -364,3 +490,6 @@ def test_paramstyle_translation() -> None:
     assert to_paramstyle(sql, ("a", "b"), "dollar") == (sql, ("a", "b"))
     assert to_paramstyle(sql, ("a", "b"), "format") == (
         "SELECT %s, %s, '5%%', %s", ("a", "b", "a"))
+    # Whole-line comments go (their "$2" is no placeholder); the statement stays.
+    assert to_paramstyle("-- rows of $2\n  -- and $1\nSELECT $1", ("a", "b"), "format") == (
+        "SELECT %s", ("a",))

@@ -9,7 +9,8 @@ from awa.db import queries as queries_module
 from awa.db.queries import Queries
 
 #: Statements over a temporary table that the session creates first.
-SESSION_ONLY = {"job_insert_from_staging"}
+SESSION_ONLY = {"job_insert_from_staging", "dependency_insert_from_staging",
+                "dependency_count_from_staging"}
 
 
 def test_fragments_expand_into_every_statement_that_includes_them() -> None:

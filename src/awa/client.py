@@ -235,33 +235,50 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         return InsertedJob.attach(job, async_waiter=self.wait_for,
                                   depth=depths.get(prepared.queue))
 
-    async def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+    async def enqueue_workflow(self, workflow: Node, *,
+                               after: Iterable[Any] | None = None) -> WorkflowRun:
         """Insert a `chain`, `group` or `chord` (nested as you like) in one
-        transaction: every job or none."""
+        transaction: every job or none. ``after``: existing jobs (or ids) its first
+        jobs wait for, each with its own ``on_parent_failure`` (docs/guide/workflows.md)."""
         async with self._producer() as conn:
-            return await insert_workflow(conn, self._q, workflow, self._registry.queue_for)
+            return await insert_workflow(conn, self._q, workflow, self._registry.queue_for,
+                                         after)
 
     async def insert_many_copy(self, jobs: Sequence[Any], *,
                                opts: Sequence[Mapping[str, Any] | None] | None = None,
+                               after: Iterable[Any] | None = None,
+                               on_parent_failure: Policy = "cancel",
                                backpressure: Backpressure = "off",
                                **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
-        """Bulk insert through COPY; duplicate unique jobs are skipped."""
+        """Bulk insert through COPY; duplicate unique jobs are skipped. ``after`` and
+        ``on_parent_failure`` as on `insert`, for every job (``opts[i]`` may set its own)."""
+        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
         prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
         async with self._producer() as conn:
             depths = self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
-            inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob)
+            if parents is None:
+                inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob)
+            else:
+                inserted = await dependencies.insert_many_after(conn, self._q, prepared, parents,
+                                                                InsertedJob)
         return [InsertedJob.attach(j, async_waiter=self.wait_for, depth=depths.get(j.queue))
                 for j in inserted]
 
     async def enqueue_many_copy(self, jobs: Sequence[Any], *,
                                 opts: Sequence[Mapping[str, Any] | None] | None = None,
+                                after: Iterable[Any] | None = None,
+                                on_parent_failure: Policy = "cancel",
                                 backpressure: Backpressure = "off",
                                 **defaults: Unpack[InsertOptions]) -> int:
-        """The fastest bulk path (binary COPY); returns how many were inserted."""
+        """The fastest bulk path (binary COPY); returns how many were inserted. With
+        ``after`` (on the call or in ``opts``) the batch takes `insert_many_copy`'s path."""
+        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
         prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
         async with self._producer() as conn:
             self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
-            return await producer.copy_many(conn, self._q, prepared)
+            if parents is None:
+                return await producer.copy_many(conn, self._q, prepared)
+            return await dependencies.copy_many_after(conn, self._q, prepared, parents)
 
     def paced(self, queue: str, target_depth: int, *, min_sleep: float = 0.01,
               max_sleep: float = 1.0, max_wait: float | None = None) -> Pacer:

@@ -93,17 +93,20 @@ class SyncTransaction:
                                               on_parent_failure=on_parent_failure,
                                               backpressure=backpressure, **opts))
 
-    def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
+    def enqueue_workflow(self, workflow: Node, *,
+                         after: Iterable[Any] | None = None) -> WorkflowRun:
         """Insert a `chain`, `group` or `chord` inside this transaction."""
-        return self._loop.run(self._tx.enqueue_workflow(workflow))
+        return self._loop.run(self._tx.enqueue_workflow(workflow, after=after))
 
     def insert_many(self, jobs: Sequence[Any], *,
                     opts: Sequence[Mapping[str, Any] | None] | None = None,
+                    after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
                     backpressure: Backpressure = "off",
                     **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
-        """Enqueue many jobs inside this transaction."""
-        return self._loop.run(self._tx.insert_many(jobs, opts=opts, backpressure=backpressure,
-                                                   **defaults))
+        """Enqueue many jobs inside this transaction (as `Transaction.insert_many`)."""
+        return self._loop.run(self._tx.insert_many(
+            jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
+            backpressure=backpressure, **defaults))
 
     def commit(self) -> None:
         """Commit and release the connection."""
@@ -192,11 +195,14 @@ class Client:
 
     def insert_many_copy(self, jobs: Sequence[Any], *,
                          opts: Sequence[Mapping[str, Any] | None] | None = None,
+                         after: Iterable[Any] | None = None,
+                         on_parent_failure: Policy = "cancel",
                          backpressure: Backpressure = "off",
                          **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
         """Bulk insert through COPY (`AsyncClient.insert_many_copy`)."""
         inserted = self._loop.run(self._async.insert_many_copy(
-            jobs, opts=opts, backpressure=backpressure, **defaults))
+            jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
+            backpressure=backpressure, **defaults))
         return [InsertedJob.attach(j, sync_waiter=self.wait_for, depth=j.queue_depth)
                 for j in inserted]
 

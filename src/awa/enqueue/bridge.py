@@ -11,9 +11,17 @@ application imported them, so their types are looked up in ``sys.modules``.
 Validation is the producer's (before any write). The named statement runs with
 its ``$n`` placeholders rewritten for the driver; JSON travels as text.
 
-Inside a transaction a *unique* job is inserted under a savepoint, so a
-`UniqueConflict` leaves the caller's transaction usable. Any other failure
-aborts the caller's transaction, as Postgres dictates.
+``after=`` / ``on_parent_failure`` and ``backpressure=`` behave as on the
+client: the same statements, in the same order, run from the same plans
+(`awa.enqueue.plan`) on the caller's driver, so the child and its edges are
+in the caller's transaction and parents it inserted itself can be named.
+
+Inside a transaction a *unique* job, and a job with ``after``, is inserted
+under a savepoint, so a `UniqueConflict` or a refused parent leaves the
+caller's transaction usable; outside one, a job with ``after`` takes a
+transaction of its own. `QueueFull` is raised before anything is written and
+leaves the transaction usable. Any other failure aborts the caller's
+transaction, as Postgres dictates.
 """
 
 from __future__ import annotations
@@ -22,14 +30,15 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack
+from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack, cast
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from awa.core import states, validate
+from awa.core.backpressure import Backpressure, QueueDepth, count_cap
 from awa.core.errors import (
     AwaError,
     CallbackNotFound,
@@ -43,7 +52,10 @@ from awa.core.serialize import dumps
 from awa.core.validate import check_text
 from awa.db.errors import UNIQUE_CONSTRAINT, translate
 from awa.db.queries import queries
-from awa.enqueue.producer import prepare
+from awa.enqueue.backpressure import check_plan
+from awa.enqueue.dependencies import Policy, insert_after_plan, parents_of
+from awa.enqueue.plan import Plan, one
+from awa.enqueue.producer import PreparedJob, prepare
 from awa.telemetry import otel as telemetry
 
 __all__ = [
@@ -60,6 +72,7 @@ _SYNC_TYPES = ("a psycopg Connection, a SQLAlchemy Connection / Session, "
 _OPTION_NAMES = InsertOptions.__optional_keys__ | InsertOptions.__required_keys__
 _JSON_COLUMNS = ("args", "metadata", "errors", "progress", "output")
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+_COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
 _SCHEMA_STATES = {"42P01", "3F000", "42704", "42883"}  # undefined table/schema/object/function
 Style = Literal["dollar", "format"]
 
@@ -68,6 +81,7 @@ def to_paramstyle(sql: str, params: Sequence[Any], style: Style) -> tuple[str, t
     """Rewrite Awa's ``$n`` placeholders for a driver; ``format`` repeats reused params."""
     if style == "dollar":
         return sql, tuple(params)
+    sql = _COMMENT_LINE.sub("", sql)  # a "$1" in a comment is no placeholder
     ordered: list[Any] = []
 
     def placeholder(match: re.Match[str]) -> str:
@@ -304,10 +318,23 @@ def _job_dict(row: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-# -- the shared statement runners ------------------------------------------------
+# -- the shared plan runners -------------------------------------------------------
 
-_SAVEPOINT = "SAVEPOINT awa_bridge"
-_UNDO = ("ROLLBACK TO SAVEPOINT awa_bridge", "RELEASE SAVEPOINT awa_bridge")
+#: (before, after success, after failure) statements around a plan.
+_Guard = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+_UNGUARDED: _Guard = ((), (), ())
+_SAVEPOINT: _Guard = (("SAVEPOINT awa_bridge",), ("RELEASE SAVEPOINT awa_bridge",),
+                      ("ROLLBACK TO SAVEPOINT awa_bridge", "RELEASE SAVEPOINT awa_bridge"))
+_TRANSACTION: _Guard = (("BEGIN",), ("COMMIT",), ("ROLLBACK",))
+
+
+def _guard(in_transaction: bool, savepoint: bool, atomic: bool) -> _Guard:
+    """A savepoint inside the caller's transaction (so a failure leaves it usable,
+    and a multi-statement plan is all or nothing); outside one, a transaction of
+    its own for a plan that must be atomic."""
+    if in_transaction:
+        return _SAVEPOINT if savepoint or atomic else _UNGUARDED
+    return _TRANSACTION if atomic else _UNGUARDED
 
 
 def _reraise(exc: Exception) -> NoReturn:
@@ -317,52 +344,59 @@ def _reraise(exc: Exception) -> NoReturn:
     raise err from exc
 
 
-async def _execute_returning(conn: Any, sql_name: str, params: Sequence[Any], *,
-                             schema: str, savepoint: bool) -> Row | None:
-    """Run a named statement on the caller's async connection; one row or None.
-
-    With ``savepoint`` (and inside a transaction) a failure is rolled back to a
-    savepoint, so the caller's transaction stays usable.
-    """
-    sql = queries(schema)[sql_name]
+async def _run(conn: Any, plan: Plan[T], *, schema: str, savepoint: bool,
+               atomic: bool = False) -> T:
+    """Run a plan (`awa.enqueue.plan`) on the caller's async connection, each row
+    normalized (`_decoded`); ``savepoint`` / ``atomic``: see `_guard`."""
+    q = queries(schema)
     db = await _async_driver(conn)
-    guarded = savepoint and db.in_transaction
+    before, ok, undo = _guard(db.in_transaction, savepoint, atomic)
     try:
-        if guarded:
-            await db.run(_SAVEPOINT, ())
+        for sql in before:
+            await db.run(sql, ())
         try:
-            row = await db.run(sql, params)
+            name, params = next(plan)
+            while True:
+                row = await db.run(q[name], params)
+                name, params = plan.send(None if row is None else _decoded(row, db.json_decoded))
+        except StopIteration as done:
+            result: T = done.value
         except Exception:
-            for undo in _UNDO if guarded else ():
-                await db.run(undo, ())
+            for sql in undo:
+                await db.run(sql, ())
             raise
-        if guarded:
-            await db.run(_UNDO[1], ())
+        for sql in ok:
+            await db.run(sql, ())
     except Exception as exc:
         _reraise(exc)
-    return None if row is None else _decoded(row, db.json_decoded)
+    return result
 
 
-def _execute_returning_sync(conn: Any, sql_name: str, params: Sequence[Any], *,
-                            schema: str, savepoint: bool) -> Row | None:
-    """The sync twin of `_execute_returning`."""
-    sql = queries(schema)[sql_name]
+def _run_sync(conn: Any, plan: Plan[T], *, schema: str, savepoint: bool,
+              atomic: bool = False) -> T:
+    """The sync twin of `_run`."""
+    q = queries(schema)
     db = _sync_driver(conn)
-    guarded = savepoint and db.in_transaction
+    before, ok, undo = _guard(db.in_transaction, savepoint, atomic)
     try:
-        if guarded:
-            db.run(_SAVEPOINT, ())
+        for sql in before:
+            db.run(sql, ())
         try:
-            row = db.run(sql, params)
+            name, params = next(plan)
+            while True:
+                row = db.run(q[name], params)
+                name, params = plan.send(None if row is None else _decoded(row, db.json_decoded))
+        except StopIteration as done:
+            result: T = done.value
         except Exception:
-            for undo in _UNDO if guarded else ():
-                db.run(undo, ())
+            for sql in undo:
+                db.run(sql, ())
             raise
-        if guarded:
-            db.run(_UNDO[1], ())
+        for sql in ok:
+            db.run(sql, ())
     except Exception as exc:
         _reraise(exc)
-    return None if row is None else _decoded(row, db.json_decoded)
+    return result
 
 
 def _check_options(func: str, opts: dict[str, Any]) -> None:
@@ -371,26 +405,62 @@ def _check_options(func: str, opts: dict[str, Any]) -> None:
         raise TypeError(f"{func}() got unexpected keyword argument(s) {unknown}")
 
 
-async def insert_job(conn: Any, args: Any, *, schema: str = "awa",
-                     **opts: Unpack[InsertOptions]) -> dict[str, Any]:
-    """Insert a job on the caller's async connection, in its current transaction."""
-    _check_options("insert_job", dict(opts))
+_Inserted = tuple[Row, dict[str, QueueDepth]]
+
+
+def _insert_plan(job: PreparedJob, parents: tuple[list[int], Policy] | None,
+                 backpressure: object) -> Plan[_Inserted]:
+    """Backpressure's count, then the insert (with its edges when it waits)."""
+    depths = yield from check_plan((job,), backpressure)
+    if parents is None:
+        row = yield "job_insert", job.insert_params()
+    else:
+        row = yield from insert_after_plan(job, *parents)
+    return cast(Row, row), depths
+
+
+def _prepared(func: str, args: Any, after: object, on_parent_failure: object,
+              backpressure: object, opts: dict[str, Any]) -> tuple[PreparedJob, Plan[_Inserted],
+                                                                      dict[str, bool]]:
+    """Everything an insert checks before it touches the connection."""
+    _check_options(func, opts)
     job = prepare(args, **opts)
-    row = await _execute_returning(conn, "job_insert", job.insert_params(), schema=schema,
-                                   savepoint=job.unique_key is not None)
+    parents = parents_of(after, on_parent_failure)
+    count_cap(backpressure)
+    guard = {"savepoint": job.unique_key is not None, "atomic": parents is not None}
+    return job, _insert_plan(job, parents, backpressure), guard
+
+
+def _inserted(job: PreparedJob, result: _Inserted) -> dict[str, Any]:
     telemetry.inserted(job.kind, job.queue)
-    return _job_dict(row)
+    out = _job_dict(dict(result[0]))
+    if job.queue in result[1]:
+        out["queue_depth"] = result[1][job.queue]
+    return out
+
+
+async def insert_job(conn: Any, args: Any, *, schema: str = "awa",
+                     after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
+                     backpressure: Backpressure = "off",
+                     **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+    """Insert a job on the caller's async connection, in its current transaction.
+
+    ``after`` / ``on_parent_failure`` and ``backpressure`` as on `AsyncClient.insert`
+    (with backpressure the dict has the measured ``queue_depth``)."""
+    job, plan, guard = _prepared("insert_job", args, after, on_parent_failure, backpressure,
+                                 dict(opts))
+    return _inserted(job, await _run(conn, plan, schema=schema, **guard))
 
 
 def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
+                    after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
+                    backpressure: Backpressure = "off",
                     **opts: Unpack[InsertOptions]) -> dict[str, Any]:
-    """Insert a job on the caller's sync connection, in its current transaction."""
-    _check_options("insert_job_sync", dict(opts))
-    job = prepare(args, **opts)
-    row = _execute_returning_sync(conn, "job_insert", job.insert_params(), schema=schema,
-                                  savepoint=job.unique_key is not None)
-    telemetry.inserted(job.kind, job.queue)
-    return _job_dict(row)
+    """Insert a job on the caller's sync connection, in its current transaction
+    (options as `insert_job`)."""
+    job, plan, guard = _prepared("insert_job_sync", args, after, on_parent_failure,
+                                 backpressure, dict(opts))
+    return _inserted(job, _run_sync(conn, plan, schema=schema, **guard))
 
 
 # -- callback resolution in the caller's transaction (spec §3.6) ------------------
@@ -410,24 +480,24 @@ def _callback_call(action: str, callback_id: Any, arg: Any) -> tuple[str, tuple[
     return "callback_heartbeat", (cid, validate.check_timeout(arg))
 
 
-def _resolved(row: Row | None, callback_id: Any) -> dict[str, Any]:
+def _resolved(row: Any, callback_id: Any) -> dict[str, Any]:
     if row is None:
         raise CallbackNotFound(f"callback {callback_id} not found, already resolved, "
                                "or superseded")
-    return _job_dict(row)
+    return _job_dict(dict(row))
 
 
 async def _resolve_in(conn: Any, action: str, callback_id: Any, arg: Any,
                       schema: str) -> dict[str, Any]:
-    name, params = _callback_call(action, callback_id, arg)
-    row = await _execute_returning(conn, name, params, schema=schema, savepoint=False)
+    row = await _run(conn, one(*_callback_call(action, callback_id, arg)), schema=schema,
+                     savepoint=False)
     return _resolved(row, callback_id)
 
 
 def _resolve_in_sync(conn: Any, action: str, callback_id: Any, arg: Any,
                      schema: str) -> dict[str, Any]:
-    name, params = _callback_call(action, callback_id, arg)
-    row = _execute_returning_sync(conn, name, params, schema=schema, savepoint=False)
+    row = _run_sync(conn, one(*_callback_call(action, callback_id, arg)), schema=schema,
+                    savepoint=False)
     return _resolved(row, callback_id)
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, cast
 
 from awa.core import states
@@ -30,6 +31,8 @@ from awa.core.model import Job
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
+from awa.enqueue import producer
+from awa.enqueue.plan import Plan, Row, run
 from awa.enqueue.producer import J, PreparedJob
 from awa.telemetry import otel as telemetry
 
@@ -67,12 +70,13 @@ def parents_of(after: object, on_parent_failure: object) -> tuple[list[int], Pol
 
 
 def parent_ids(after: object) -> list[int]:
-    """The ids ``after`` names (jobs or ids), in order, duplicates dropped."""
-    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+    """The ids ``after`` names (jobs, the bridge's job dicts, or ids), in order,
+    duplicates dropped."""
+    if isinstance(after, str | bytes | Mapping) or not isinstance(after, Iterable):
         raise ValidationError("after", "must be a list of jobs or job ids")
     ids: list[int] = []
     for item in after:
-        value = getattr(item, "id", item)
+        value = item.get("id", item) if isinstance(item, Mapping) else getattr(item, "id", item)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValidationError("after", f"{item!r} is neither a job nor a job id")
         if value not in ids:
@@ -99,6 +103,96 @@ def parked(job: PreparedJob, *, has_parents: bool, has_children: bool) -> Prepar
     return dataclasses.replace(job, **changes) if changes else job
 
 
+Parents = tuple[list[int], Policy]
+#: Parents found already finished at insert time: id -> (state, prune_after).
+Finished = dict[int, tuple[str, datetime]]
+
+
+def parents_many(count: int, opts: Sequence[Mapping[str, Any] | None] | None,
+                 after: object, on_parent_failure: object
+                 ) -> tuple[Sequence[Mapping[str, Any] | None] | None, list[Parents | None] | None]:
+    """``after`` / ``on_parent_failure`` of a bulk insert, checked, for each job (None:
+    no job waits), and ``opts`` without them: ``opts[i]`` may carry its own, which
+    override the call's (``"after": None`` opts job ``i`` out)."""
+    shared = None if after is None else parent_ids(after)
+    policy = check_policy(on_parent_failure)
+    if opts is None or not any(o and ("after" in o or "on_parent_failure" in o) for o in opts):
+        if shared is None:
+            parents_of(None, policy)  # a policy alone is refused
+            return opts, None
+        return opts, [(shared, policy)] * count
+    cleaned: list[Mapping[str, Any] | None] = []
+    parents: list[Parents | None] = []
+    for i, own in enumerate(opts):
+        if not own or ("after" not in own and "on_parent_failure" not in own):
+            cleaned.append(own)
+            parents.append(None if shared is None else (shared, policy))
+            continue
+        rest = dict(own)
+        own_after = rest.pop("after", after)
+        own_policy = rest.pop("on_parent_failure", policy)
+        cleaned.append(rest)
+        try:
+            found = parents_of(own_after, own_policy if "on_parent_failure" in own else "cancel")
+        except ValidationError as err:
+            raise ValidationError(err.field, f"opts[{i}]: {err.rule}") from None
+        parents.append(None if found is None else (found[0], check_policy(own_policy)))
+    if shared is None and policy != "cancel" and not any(parents):
+        parents_of(None, policy)
+    return cleaned, parents if any(parents) else None
+
+
+def check_parents(parents: Sequence[int], children: Iterable[Parents]) -> Plan[Finished]:
+    """Lock and mark the active ``parents`` until this transaction ends; read the
+    finished ones. Refuses unknown parents, and a ``discard`` child of a parent
+    already failed or cancelled (there would be nothing to keep)."""
+    row = yield "dependency_lock_parents", (list(parents),)
+    assert row is not None
+    active = set(row["ids"])
+    rest = [p for p in parents if p not in active]
+    finished: Finished = {}
+    if rest:
+        row = yield "dependency_finished_parents", (rest,)
+        assert row is not None
+        finished = {int(i): (str(s), pa) for i, s, pa in zip(
+            row["ids"], row["states"], row["prune_after"], strict=True)}
+    unknown = [p for p in rest if p not in finished]
+    if unknown:
+        raise ValidationError("after", f"no job has id {unknown[0]}")
+    failed = {p for p, (state, _) in finished.items() if state != "completed"}
+    for ids, policy in children if failed else ():
+        bad = next((p for p in ids if p in failed), None)
+        if policy == "discard" and bad is not None:
+            raise ValidationError("after", f"parent job {bad} already {finished[bad][0]}; "
+                                  "with on_parent_failure='discard' there is nothing to insert")
+    return finished
+
+
+def release(finished: Finished) -> Plan[None]:
+    """Apply the parents found already finished to their new children."""
+    if finished:
+        ids = list(finished)
+        yield "dependency_release", (ids, [finished[p][0] for p in ids],
+                                     [finished[p][1] for p in ids])
+
+
+def insert_after_plan(job: PreparedJob, after: Sequence[int], policy: Policy) -> Plan[Row]:
+    """`insert_after` as a plan (the bridge runs it on the caller's connection): the
+    row of the inserted child, as it stands once finished parents applied."""
+    job = parked(job, has_parents=True, has_children=False)
+    finished = yield from check_parents(after, [(list(after), policy)])
+    row = yield "job_insert", job.insert_params()
+    assert row is not None
+    child = int(row["id"])
+    yield "dependency_insert_edges", ([child] * len(after), list(after),
+                                      [policy] * len(after), list(range(len(after))))
+    if finished:
+        yield from release(finished)
+        row = yield "job_get", (child,)
+        assert row is not None
+    return row
+
+
 async def insert_after(conn: Conn, q: Queries, job: PreparedJob, after: Sequence[int],
                        policy: Policy, *, job_type: type[J] = Job) -> J:  # type: ignore[assignment]
     """Insert ``job`` waiting for the jobs ``after`` (already validated), atomically.
@@ -108,43 +202,82 @@ async def insert_after(conn: Conn, q: Queries, job: PreparedJob, after: Sequence
     policy, except that ``discard`` refuses the insert, there being nothing to
     keep). Unknown parents raise `ValidationError` naming ``after``.
     """
-    job = parked(job, has_parents=True, has_children=False)
     with translated():
         async with conn.transaction():  # a savepoint inside a caller's transaction
-            active = {r["id"] for r in await conn.fetch(q["dependency_lock_parents"],
-                                                         list(after))}
-            rest = [p for p in after if p not in active]
-            finished = {r["id"]: r for r in await conn.fetch(q["dependency_finished_parents"],
-                                                              rest)} if rest else {}
-            unknown = [p for p in rest if p not in finished]
-            if unknown:
-                raise ValidationError("after", f"no job has id {unknown[0]}")
-            failed = [p for p, r in finished.items() if r["state"] != "completed"]
-            if failed and policy == "discard":
-                raise ValidationError("after", f"parent job {failed[0]} already "
-                                      f"{finished[failed[0]]['state']}; with "
-                                      "on_parent_failure='discard' there is nothing to insert")
-            row = await conn.fetchrow(q["job_insert"], *job.insert_params())
-            assert row is not None
-            child = int(row["id"])
-            await conn.execute(q["dependency_insert_edges"], [child] * len(after), list(after),
-                               [policy] * len(after), list(range(len(after))))
-            for p in after:
-                if p in finished:
-                    await conn.execute(q["dependency_release"], p, finished[p]["state"],
-                                       finished[p]["prune_after"])
-            if finished:
-                row = await conn.fetchrow(q["job_get"], child)
-                assert row is not None
+            row = await run(conn, q, insert_after_plan(job, after, policy))
     telemetry.inserted(job.kind, job.queue)
     return job_type.from_row(row)  # type: ignore[return-value]
 
 
+def _staged(jobs: Sequence[PreparedJob], parents: Sequence[Parents | None]
+            ) -> list[tuple[Any, ...]]:
+    """Staging records of a bulk insert: a waiting job parked (as `parked`, without
+    copying it), each record ending with the job's parents and policy."""
+    records = []
+    for job, p in zip(jobs, parents, strict=True):
+        params = job.insert_params()
+        if p is None:
+            records.append((*params, None, None))
+            continue
+        if job.run_at is not None:
+            parked(job, has_parents=True, has_children=False)  # raises: run_at with after
+        records.append((*params[:3], states.PARKED_RUN_AT, *params[4:], p[0], p[1]))
+    return records
+
+
+async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                         parents: Sequence[Parents | None], statement: str) -> list[Any]:
+    """Check the parents, stage the batch and run ``statement`` over it, then apply
+    the parents already finished; the statement's rows (re-read if any applied)."""
+    records = _staged(jobs, parents)
+    waiting = [p for p in parents if p is not None]
+    wanted = list(dict.fromkeys(i for ids, _ in waiting for i in ids))
+    with translated():
+        async with conn.transaction():
+            finished = await run(conn, q, check_parents(wanted, waiting))
+            await producer.stage(conn, q, records, with_parents=True)
+            found = await conn.fetch(q[statement])
+            if finished:
+                await run(conn, q, release(finished))
+                if statement == "dependency_insert_from_staging":
+                    found = await conn.fetch(q["dependency_jobs_get"],
+                                             [r["id"] for r in found])
+    return found
+
+
+async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                            parents: Sequence[Parents | None],
+                            job_type: type[J] = Job) -> list[J]:  # type: ignore[assignment]
+    """`producer.insert_many` for a batch where ``parents[i]`` is what job ``i`` waits
+    for (None: nothing): the same checks and atomicity as `insert_after`, one
+    lock statement and one staged insert (with the edges) for the whole batch."""
+    rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
+    inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
+    telemetry.inserted_jobs(inserted)
+    return inserted
+
+
+async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                          parents: Sequence[Parents | None]) -> int:
+    """`insert_many_after` answering only how many jobs it inserted (no rows sent
+    back: `enqueue_many_copy`)."""
+    if any(j.unique_key is not None for j in jobs):  # which ones were skipped: the rows say
+        return len(await insert_many_after(conn, q, jobs, parents))
+    rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
+    telemetry.inserted_jobs(jobs)
+    return int(rows[0]["inserted"])
+
+
 async def insert_graph(conn: Conn, q: Queries,
-                       nodes: Sequence[tuple[PreparedJob, Sequence[int], Policy]]) -> list[Job]:
+                       nodes: Sequence[tuple[PreparedJob, Sequence[int], Policy]],
+                       external: Sequence[int] = ()) -> list[Job]:
     """Insert jobs and their edges in one transaction; ``nodes[i]`` names its
-    parents by their index in ``nodes`` (always earlier ones)."""
+    parents by their index in ``nodes`` (always earlier ones). The jobs that wait
+    for nothing in ``nodes`` wait for the existing jobs ``external`` (ids, checked
+    as `insert_after` checks them), each with its own policy."""
     has_children = {p for _, parents, _ in nodes for p in parents}
+    ready = [parked(job, has_parents=bool(parents or external), has_children=i in has_children)
+             for i, (job, parents, _) in enumerate(nodes)]
     jobs: list[Job] = []
     children: list[int] = []
     parents_of: list[int] = []
@@ -152,21 +285,41 @@ async def insert_graph(conn: Conn, q: Queries,
     ordinals: list[int] = []
     with translated():
         async with conn.transaction():
-            for i, (job, parents, policy) in enumerate(nodes):
-                job = parked(job, has_parents=bool(parents), has_children=i in has_children)
+            finished: Finished = {}
+            if external:
+                finished = await run(conn, q, check_parents(
+                    external, [(list(external), policy) for _, ps, policy in nodes if not ps]))
+            for job, (_, parents, policy) in zip(ready, nodes, strict=True):
                 row = await conn.fetchrow(q["job_insert"], *job.insert_params())
                 assert row is not None
                 jobs.append(Job.from_row(row))
-                for n, p in enumerate(parents):
-                    children.append(jobs[-1].id)
-                    parents_of.append(jobs[p].id)
-                    policies.append(policy)
-                    ordinals.append(n)
+                targets = [jobs[p].id for p in parents] if parents else list(external)
+                children.extend([jobs[-1].id] * len(targets))
+                parents_of.extend(targets)
+                policies.extend([policy] * len(targets))
+                ordinals.extend(range(len(targets)))
             if children:
                 await conn.execute(q["dependency_insert_edges"], children, parents_of,
                                    policies, ordinals)
+            if finished:
+                jobs = await _reread(conn, q, jobs, finished)
     telemetry.inserted_jobs(jobs)
     return jobs
+
+
+async def _reread(conn: Conn, q: Queries, jobs: list[Job], finished: Finished) -> list[Job]:
+    """Apply finished parents to a just-inserted workflow and read its jobs again;
+    refuses (rolling it all back) a workflow that a parent discards in part."""
+    await run(conn, q, release(finished))
+    rows = {r["id"]: r for r in await conn.fetch(q["dependency_jobs_get"],
+                                                  [j.id for j in jobs])}
+    gone = next((j for j in jobs if j.id not in rows), None)
+    if gone is not None:
+        failed = next(p for p, (state, _) in finished.items() if state != "completed")
+        raise ValidationError("after", f"parent job {failed} already {finished[failed][0]}: "
+                              f"it would discard workflow job {gone.kind!r} at once, "
+                              "with nothing to keep of it")
+    return [Job.from_row(rows[j.id]) for j in jobs]
 
 
 async def parent_outputs(conn: Conn, q: Queries, job_id: int) -> list[ParentResult]:

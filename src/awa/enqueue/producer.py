@@ -200,8 +200,15 @@ _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", 
                  "concurrency_limit")
 
 
-def _copy_records(jobs: Sequence[PreparedJob]) -> list[tuple[Any, ...]]:
-    return [j.insert_params() for j in jobs]
+async def stage(conn: Conn, q: Queries, records: list[tuple[Any, ...]], *,
+                with_parents: bool = False) -> None:
+    """COPY job records (`PreparedJob.insert_params`) into a staging table that lives
+    until the transaction ends; ``with_parents``: each record ends with the job's
+    parent ids and policy (`dependencies.insert_many_after`)."""
+    await conn.execute(q["job_staging_create"])
+    columns = (*_COPY_COLUMNS, "after_ids", "on_parent_failure") if with_parents \
+        else _COPY_COLUMNS
+    await conn.copy_records_to_table("awa_job_staging", records=records, columns=columns)
 
 
 async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
@@ -211,9 +218,7 @@ async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
         return []
     with translated():
         async with conn.transaction():
-            await conn.execute(q["job_staging_create"])
-            await conn.copy_records_to_table("awa_job_staging", records=_copy_records(jobs),
-                                             columns=_COPY_COLUMNS)
+            await stage(conn, q, [j.insert_params() for j in jobs])
             rows = await conn.fetch(q["job_insert_from_staging"])
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)

@@ -92,18 +92,28 @@ class Transaction:
         return InsertedJob.attach(job, async_waiter=self._waiter,
                                   depth=depths.get(prepared.queue))
 
-    async def enqueue_workflow(self, workflow: Node) -> WorkflowRun:
-        """Insert a `chain`, `group` or `chord` inside this transaction."""
-        return await insert_workflow(self._conn, self._q, workflow, self._router)
+    async def enqueue_workflow(self, workflow: Node, *,
+                               after: Iterable[Any] | None = None) -> WorkflowRun:
+        """Insert a `chain`, `group` or `chord` inside this transaction (``after``:
+        see `AsyncClient.enqueue_workflow`)."""
+        return await insert_workflow(self._conn, self._q, workflow, self._router, after)
 
     async def insert_many(self, jobs: Sequence[Any], *,
                           opts: Sequence[Mapping[str, Any] | None] | None = None,
+                          after: Iterable[Any] | None = None,
+                          on_parent_failure: dependencies.Policy = "cancel",
                           backpressure: Backpressure = "off",
                           **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
-        """Enqueue many jobs inside this transaction (duplicate unique keys skipped)."""
+        """Enqueue many jobs inside this transaction (duplicate unique keys skipped;
+        ``after``: see `AsyncClient.insert_many_copy`)."""
+        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
         prepared = producer.prepare_many(jobs, opts, defaults, self._router)
         depths = await check(self._conn, self._q, prepared, backpressure)
-        inserted = await producer.insert_many(self._conn, self._q, prepared, InsertedJob)
+        if parents is None:
+            inserted = await producer.insert_many(self._conn, self._q, prepared, InsertedJob)
+        else:
+            inserted = await dependencies.insert_many_after(self._conn, self._q, prepared,
+                                                            parents, InsertedJob)
         return [InsertedJob.attach(j, async_waiter=self._waiter, depth=depths.get(j.queue))
                 for j in inserted]
 

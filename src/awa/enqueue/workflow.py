@@ -8,14 +8,16 @@ The Celery canvas, on Awa's dependencies (`awa.enqueue.dependencies`):
   reads their outputs with ``await job.parent_outputs()``.
 
 Nodes nest (a chain of groups, a group of chains...). A node is the job's
-args, or ``step(args, **insert_options)`` for options. The whole workflow is
+args, or ``step(args, **insert_options)`` for options. A workflow can start
+after jobs that already exist (``enqueue_workflow(flow, after=[job, id])``):
+its first jobs wait for them as ``insert(after=...)`` would. The whole workflow is
 validated before anything is written, then inserted in one transaction:
 every job or none (a `UniqueConflict` of one step rolls back all of them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,7 @@ from awa.core.model import Job
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.enqueue import producer
-from awa.enqueue.dependencies import Policy, check_policy, insert_graph
+from awa.enqueue.dependencies import Policy, check_policy, insert_graph, parent_ids
 from awa.enqueue.producer import PreparedJob, Router
 
 
@@ -137,9 +139,13 @@ def flatten(node: Any, router: Router | None = None) -> tuple[_Flat, list[int]]:
     return flat, tails
 
 
-async def insert_workflow(conn: Conn, q: Queries, node: Any,
-                          router: Router | None = None) -> WorkflowRun:
-    """Validate ``node`` whole, then insert every job and edge in one transaction."""
+async def insert_workflow(conn: Conn, q: Queries, node: Any, router: Router | None = None,
+                          after: Iterable[Any] | None = None) -> WorkflowRun:
+    """Validate ``node`` whole, then insert every job and edge in one transaction.
+
+    ``after``: existing jobs (or ids) that the workflow's first jobs (those
+    waiting for nothing inside it) wait for, each with its own policy."""
     flat, tails = flatten(node, router)
-    jobs = await insert_graph(conn, q, flat)
+    external = parent_ids(after) if after is not None else []
+    jobs = await insert_graph(conn, q, flat, external)
     return WorkflowRun(jobs, [jobs[i] for i in tails])

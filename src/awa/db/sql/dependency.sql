@@ -6,30 +6,73 @@
 -- The active parents among $1, locked (in id order, as completion batches
 -- lock) until the inserting transaction ends, and marked as having
 -- dependents so their finishing statement releases the children: a parent
--- cannot finish between this and the commit of the new edges.
+-- cannot finish between this and the commit of the new edges. One row, the
+-- ids as an array (every driver, the bridge's included, reads one row).
 WITH locked AS (
     SELECT id FROM awa.jobs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+), marked AS (
+    UPDATE awa.jobs j SET metadata = j.metadata || '{"_awa_dependents": true}'
+    FROM locked WHERE j.id = locked.id
+    RETURNING j.id
 )
-UPDATE awa.jobs j SET metadata = j.metadata || '{"_awa_dependents": true}'
-FROM locked WHERE j.id = locked.id
-RETURNING j.id
+SELECT coalesce(array_agg(id), '{}') AS ids FROM marked
 
 -- name: dependency_finished_parents
 -- The finished parents among $1 (a separate statement: its snapshot sees a
--- parent that finished while the lock above waited for it).
-SELECT id, state, prune_after FROM awa.jobs_done WHERE id = ANY($1::bigint[])
-UNION ALL
-SELECT id, state, prune_after FROM awa.dlq WHERE id = ANY($1::bigint[])
+-- parent that finished while the lock above waited for it), as three arrays.
+SELECT coalesce(array_agg(id), '{}') AS ids,
+       coalesce(array_agg(state::text), '{}') AS states,
+       coalesce(array_agg(prune_after), '{}') AS prune_after
+FROM (SELECT id, state, prune_after FROM awa.jobs_done WHERE id = ANY($1::bigint[])
+      UNION ALL
+      SELECT id, state, prune_after FROM awa.dlq WHERE id = ANY($1::bigint[])) f
 
 -- name: dependency_insert_edges
--- Edges of children to parents, $3[i] being parent $2[i]'s place in the list.
+-- Edges of children to parents, $4[i] being parent $2[i]'s place in the list.
 INSERT INTO awa.job_dependencies (parent_id, child_id, policy, ordinal)
 SELECT p, c, pol, o FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::smallint[])
     AS e(c, p, pol, o)
 
 -- name: dependency_release
--- Apply a parent that had already finished when its child was inserted.
-SELECT awa.release_dependents($1, $2::awa.job_state, $3)
+-- Apply parents that had already finished when their children were inserted:
+-- parent $1[i] finished as $2[i], its retention ending at $3[i].
+SELECT coalesce(sum(awa.release_dependents(p, s::awa.job_state, pa)), 0)::int AS touched
+FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(p, s, pa)
+
+-- fragment: staging_edges
+-- The edges of each row inserted from the staging table (ins) to the parents in
+-- its after_ids, with its on_parent_failure (a row skipped for its unique key
+-- gets none).
+edges AS (
+    INSERT INTO awa.job_dependencies (parent_id, child_id, policy, ordinal)
+    SELECT p.parent, s.id, s.on_parent_failure, (p.ord - 1)::smallint
+    FROM src s JOIN ins ON ins.id = s.id,
+         unnest(s.after_ids) WITH ORDINALITY AS p(parent, ord)
+)
+
+-- name: dependency_insert_from_staging
+-- job_insert_from_staging for rows that may wait for other jobs: the jobs and
+-- their edges in one statement; the inserted rows.
+WITH {{staging_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING *
+), {{staging_edges}}
+SELECT * FROM ins ORDER BY id
+
+-- name: dependency_count_from_staging
+-- dependency_insert_from_staging answering only how many jobs it inserted
+-- (enqueue_many_copy: no rows to send back).
+WITH {{staging_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING id
+), {{staging_edges}}
+SELECT count(*) AS inserted FROM ins
+
+-- name: dependency_jobs_get
+-- Jobs by id, in id order (rows re-read after an insert released some at once).
+SELECT * FROM awa.jobs_all WHERE id = ANY($1::bigint[]) ORDER BY id
 
 -- name: dependency_graph
 -- The workflow around job $1: every job connected to it through edges,

@@ -25,13 +25,14 @@ CREATE TEMP TABLE awa_job_staging (
     unique_states smallint,
     ordering_key  text,
     concurrency_key   text,
-    concurrency_limit integer
+    concurrency_limit integer,
+    after_ids         bigint[],  -- dependency_insert_from_staging only
+    on_parent_failure text
 ) ON COMMIT DROP
 
--- name: job_insert_from_staging
--- Unique claims are taken first, in input order, so a duplicate (of an
--- existing job or of an earlier row in the batch) is skipped, not an error.
-WITH src AS MATERIALIZED (
+-- fragment: staging_claimed
+-- The staged rows with their ids and states (src), and their unique claims.
+src AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.*,
            CASE WHEN s.run_at > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
                AS state
@@ -44,6 +45,9 @@ WITH src AS MATERIALIZED (
     ON CONFLICT (unique_key) DO NOTHING
     RETURNING job_id
 )
+
+-- fragment: staging_insert
+-- Insert the staged rows whose unique key (if any) was claimed.
 INSERT INTO awa.jobs (id, kind, queue, args, state, run_at, priority, max_attempts, tags,
                       metadata, unique_key, unique_states, ordering_key, concurrency_key,
                       concurrency_limit)
@@ -54,6 +58,12 @@ WHERE unique_key IS NULL
    OR (unique_states & awa.state_bit(state)) = 0
    OR id IN (SELECT job_id FROM claimed)
 ORDER BY id
+
+-- name: job_insert_from_staging
+-- Unique claims are taken first, in input order, so a duplicate (of an
+-- existing job or of an earlier row in the batch) is skipped, not an error.
+WITH {{staging_claimed}}
+{{staging_insert}}
 RETURNING *
 
 -- name: job_get
