@@ -125,6 +125,58 @@ async def test_failed_bulk_insert_writes_nothing(client: awa.AsyncClient,
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
 
 
+def test_shared_options_batch_prepares_each_job_as_insert_does() -> None:
+    # prepare_many's one-pass path for a batch with no per-job options must give
+    # what preparing each job on its own gives, for every args type, in order.
+    from awa.enqueue import producer
+
+    @dataclasses.dataclass
+    class Nested:
+        when: datetime
+        inner: SendEmail
+
+    when = datetime(2026, 1, 2, tzinfo=UTC)
+    jobs: list[object] = [SendEmail("a"), {"x": [1, 2.5, None, "é"]}, HTMLToPDF(url="u"),
+                          SendEmail("b", "s"), Nested(when, SendEmail("c")), {"y": {}}]
+    for defaults in ({"kind": "k", "queue": "q", "tags": ["t"], "priority": 1},
+                     {"kind": "k", "metadata": {"m": 1}, "run_at": when}):
+        batch = producer.prepare_many(jobs, None, defaults)
+        single = [producer.prepare(job, **defaults) for job in jobs]  # type: ignore[arg-type]
+        assert batch == single
+    routed = producer.prepare_many([SendEmail("a"), SendEmail("b")], [None, {}], {},
+                                   router=lambda kind: f"{kind}-queue")
+    assert [(j.kind, j.queue) for j in routed] == [("send_email", "send_email-queue")] * 2
+    assert routed[0].args_json == '{"to":"a","subject":"hi"}'
+
+
+@pytest.mark.parametrize(("bad", "error"), [
+    (SendEmail("x\x00"), awa.ValidationError), (SendEmail(float("nan")), awa.SerializationError),  # type: ignore[arg-type]
+    (SendEmail(object()), awa.SerializationError), ({"no": "kind"}, awa.ValidationError),  # type: ignore[arg-type]
+    (42, awa.SerializationError),
+])
+async def test_bad_job_late_in_a_bulk_insert_writes_nothing(client: awa.AsyncClient,
+                                                            conn: asyncpg.Connection,
+                                                            bad: object, error: type) -> None:
+    jobs = [*(SendEmail(str(i)) for i in range(100)), bad, SendEmail("last")]
+    with pytest.raises(error):
+        await client.enqueue_many_copy(jobs, queue="q")
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+
+
+def test_json_encoding_errors_are_unchanged_by_the_reused_encoder() -> None:
+    cyclic: list[object] = []
+    cyclic.append(cyclic)
+    with pytest.raises(awa.SerializationError, match="Circular"):
+        serialize.dumps({"a": cyclic}, "args")
+    deep: object = 1
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(awa.ValidationError, match="nested deeper"):
+        serialize.dumps({"a": deep}, "args")
+    assert serialize.dumps({"é": 1.5, "d": datetime(2026, 1, 2, tzinfo=UTC)}, "args") == \
+        '{"é":1.5,"d":"2026-01-02T00:00:00+00:00"}'
+
+
 async def test_bulk_paths(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     jobs = [SendEmail(str(i)) for i in range(500)]
     inserted = await client.insert_many_copy(jobs, queue="bulk", tags=["t"],

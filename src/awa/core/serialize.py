@@ -15,7 +15,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import PurePath
@@ -38,13 +38,16 @@ def derive_kind(name: str) -> str:
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names, in order (cached per class)."""
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
 @functools.cache
-def _kind_of(cls: type) -> str:
+def kind_of(cls: type) -> str:
+    """The kind derived from an args class's name (cached per class)."""
     return derive_kind(cls.__name__)
+
 
 
 def _json_default(value: Any) -> Any:
@@ -63,6 +66,40 @@ def _json_default(value: Any) -> Any:
 
 _ENCODER = json.JSONEncoder(default=_json_default, ensure_ascii=False, separators=(",", ":"),
                             allow_nan=False)
+
+
+def _c_encoder() -> Callable[[Any], str] | None:
+    # `JSONEncoder.encode` builds a new C encoder on every call (half the cost
+    # of encoding a small args dict): build the same one once. No circular-
+    # reference markers, so it keeps no state between calls and threads; a
+    # failure (a cycle ends in RecursionError) is re-run through `_ENCODER`,
+    # which raises the usual error.
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (e.g. PyPy)
+        return None
+    try:
+        encoder = make(None, _json_default, json.encoder.encode_basestring, None, ":", ",",
+                       False, False, False)
+    except TypeError:  # a Python whose C encoder takes other arguments
+        return None
+
+    def encode(value: Any) -> str:
+        return "".join(encoder(value, 0))
+
+    sample = {"a": [1, 2.5, None, True, "é\n"], "b": {"c": "x"}}
+    return encode if encode(sample) == _ENCODER.encode(sample) else None
+
+
+_C_ENCODE = _c_encoder()
+
+
+def _encode(value: Any) -> str:
+    if _C_ENCODE is not None:
+        try:
+            return _C_ENCODE(value)
+        except Exception:  # the slow path raises the canonical error
+            pass
+    return _ENCODER.encode(value)
 
 
 #: PostgreSQL refuses a jsonb value over 255 MiB anyway.
@@ -122,7 +159,7 @@ def dumps(value: Any, field: str, *, sized: bool = True) -> str:
     `states.JSON_MAX_DEPTH` and (when ``sized``) JSON larger than the payload cap.
     """
     try:
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except RecursionError:
         raise ValidationError(field, f"nested deeper than {states.JSON_MAX_DEPTH} "
                                      "levels of lists and objects") from None
@@ -188,19 +225,19 @@ def args_to_dict(args: Any) -> tuple[str | None, dict[str, Any]]:
     if cls is dict:
         return None, dict(args)
     if hasattr(cls, "__dataclass_fields__") and not isinstance(args, type):
-        return _kind_of(cls), {f: getattr(args, f) for f in _field_names(cls)}
+        return kind_of(cls), {f: getattr(args, f) for f in field_names(cls)}
     if isinstance(args, Mapping):
         return None, dict(args)
     if dataclasses.is_dataclass(args) and not isinstance(args, type):
         # Top-level fields only: nested values are converted when serialized.
-        return _kind_of(type(args)), {f: getattr(args, f) for f in _field_names(type(args))}
+        return kind_of(type(args)), {f: getattr(args, f) for f in field_names(type(args))}
     if hasattr(args, "model_dump") and not isinstance(args, type):
         try:
             dumped = args.model_dump(mode="json")
         except Exception as exc:
             raise SerializationError(f"args: {exc}") from exc
         model: type = type(args)
-        return _kind_of(model), dumped
+        return kind_of(model), dumped
     raise ArgsTypeError(
         f"args: expected a dataclass, a pydantic model or a dict, got {type(args).__name__}")
 
