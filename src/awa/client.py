@@ -244,6 +244,27 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             return await insert_workflow(conn, self._q, workflow, self._registry.queue_for,
                                          after)
 
+    async def insert_many(self, jobs: Sequence[Any], *,
+                          opts: Sequence[Mapping[str, Any] | None] | None = None,
+                          after: Iterable[Any] | None = None,
+                          on_parent_failure: Policy = "cancel",
+                          backpressure: Backpressure = "off",
+                          **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+        """Insert a batch and return its jobs; duplicate unique jobs are skipped.
+        Up to 1,000 jobs without ``after`` go as one statement (one round trip,
+        one commit); the rest as `insert_many_copy`, whose options it takes."""
+        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
+        prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
+        async with self._producer() as conn:
+            depths = self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
+            if parents is None:
+                inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob)
+            else:
+                inserted = await dependencies.insert_many_after(conn, self._q, prepared, parents,
+                                                                InsertedJob)
+        return [InsertedJob.attach(j, async_waiter=self.wait_for, depth=depths.get(j.queue))
+                for j in inserted]
+
     async def insert_many_copy(self, jobs: Sequence[Any], *,
                                opts: Sequence[Mapping[str, Any] | None] | None = None,
                                after: Iterable[Any] | None = None,
@@ -257,7 +278,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         async with self._producer() as conn:
             depths = self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
             if parents is None:
-                inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob)
+                inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob,
+                                                      copy=True)
             else:
                 inserted = await dependencies.insert_many_after(conn, self._q, prepared, parents,
                                                                 InsertedJob)

@@ -193,6 +193,18 @@ class Client:
                                                 backpressure=backpressure, **opts))
         return InsertedJob.attach(job, sync_waiter=self.wait_for, depth=job.queue_depth)
 
+    def insert_many(self, jobs: Sequence[Any], *,
+                    opts: Sequence[Mapping[str, Any] | None] | None = None,
+                    after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
+                    backpressure: Backpressure = "off",
+                    **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+        """Insert a batch, up to 1,000 jobs in one statement (`AsyncClient.insert_many`)."""
+        inserted = self._loop.run(self._async.insert_many(
+            jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
+            backpressure=backpressure, **defaults))
+        return [InsertedJob.attach(j, sync_waiter=self.wait_for, depth=j.queue_depth)
+                for j in inserted]
+
     def insert_many_copy(self, jobs: Sequence[Any], *,
                          opts: Sequence[Mapping[str, Any] | None] | None = None,
                          after: Iterable[Any] | None = None,

@@ -3,9 +3,9 @@
 Each file holds blocks introduced by ``-- name: noun_verb``; a piece of SQL
 that several statements share is a ``-- fragment: name`` block, written once
 and included where ``{{name}}`` stands (at load time, from the package's own
-files only). Statements are written against the schema ``awa``; `Queries`
-binds another schema name (a validated identifier, never user text) in this
-one place.
+files only; a fragment may include fragments that include none). Statements
+are written against the schema ``awa``; `Queries` binds another schema name
+(a validated identifier, never user text) in this one place.
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def _all_statements() -> dict[str, str]:
                     body = "\n".join(line for line in body.splitlines()
                                       if not line.lstrip().startswith("--"))
                 blocks[kind][name] = body
-    return {name: _expand(name, body, blocks["fragment"])
-            for name, body in blocks["name"].items()}
+    # A fragment may include other fragments (one level: those must not).
+    fragments = {name: _expand(name, body, blocks["fragment"])
+                 for name, body in blocks["fragment"].items()}
+    return {name: _expand(name, body, fragments) for name, body in blocks["name"].items()}
 
 
 class Queries:

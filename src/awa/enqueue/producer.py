@@ -256,15 +256,39 @@ async def stage(conn: Conn, q: Queries, records: list[tuple[Any, ...]], *,
     await conn.copy_records_to_table("awa_job_staging", records=records, columns=columns)
 
 
+#: Up to this many jobs, `insert_many` sends one statement (the columns as
+#: arrays) instead of a staging table and COPY: one round trip instead of
+#: five. Beyond it COPY wins (bench/README.md, "Insert path").
+ONE_STATEMENT_MAX = 1000
+
+
+def _array_params(jobs: Sequence[PreparedJob]) -> tuple[Any, ...]:
+    """Bind parameters of ``job_insert_many``: one array per column."""
+    tags = jobs[0].tags
+    shared_tags = all(j.tags is tags or j.tags == tags for j in jobs)
+    cols: list[Sequence[Any]] = list(zip(*(j.insert_params() for j in jobs), strict=True))
+    cols[6] = [None] * len(jobs) if shared_tags else [dumps(j.tags, "tags") for j in jobs]
+    return (*cols, tags if shared_tags else None)
+
+
 async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
-                      job_type: type[J] = Job) -> list[J]:  # type: ignore[assignment]
-    """COPY into a staging table, then insert, skipping duplicate unique keys."""
+                      job_type: type[J] = Job, *,  # type: ignore[assignment]
+                      copy: bool | None = None) -> list[J]:
+    """Insert a batch, skipping duplicate unique keys, returning the inserted jobs.
+
+    ``copy``: COPY into a staging table, then insert (True); one statement with
+    the columns as arrays (False); None: by size (`ONE_STATEMENT_MAX`)."""
     if not jobs:
         return []
+    if copy is None:
+        copy = len(jobs) > ONE_STATEMENT_MAX
     with translated():
-        async with conn.transaction():
-            await stage(conn, q, [j.insert_params() for j in jobs])
-            rows = await conn.fetch(q["job_insert_from_staging"])
+        if not copy:
+            rows = await conn.fetch(q["job_insert_many"], *_array_params(jobs))
+        else:
+            async with conn.transaction():
+                await stage(conn, q, [j.insert_params() for j in jobs])
+                rows = await conn.fetch(q["job_insert_from_staging"])
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted

@@ -37,7 +37,11 @@ src AS MATERIALIZED (
            CASE WHEN s.run_at > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
                AS state
     FROM (SELECT * FROM awa_job_staging ORDER BY ord) s
-), claimed AS (
+), {{unique_claimed}}
+
+-- fragment: unique_claimed
+-- The unique claims of src's rows, taken in input order (a duplicate's is not).
+claimed AS (
     INSERT INTO awa.unique_claims (unique_key, job_id)
     SELECT unique_key, id FROM src
     WHERE unique_key IS NOT NULL AND (unique_states & awa.state_bit(state)) <> 0
@@ -63,6 +67,31 @@ ORDER BY id
 -- Unique claims are taken first, in input order, so a duplicate (of an
 -- existing job or of an earlier row in the batch) is skipped, not an error.
 WITH {{staging_claimed}}
+{{staging_insert}}
+RETURNING *
+
+-- name: job_insert_many
+-- A small batch in one statement (one round trip, no staging table): the
+-- columns as arrays, one element per job. Tags travel as one JSON array per
+-- job (arrays of arrays must be rectangular); $14, when not null, is the tag
+-- list every job shares. Duplicates are skipped as in job_insert_from_staging.
+WITH src AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.kind, s.queue,
+           s.args::jsonb AS args, s.run_at, s.priority, s.max_attempts,
+           coalesce($14::text[], ARRAY(SELECT jsonb_array_elements_text(s.tags::jsonb)))
+               AS tags,
+           s.metadata::jsonb AS metadata, s.unique_key, s.unique_states, s.ordering_key,
+           s.concurrency_key, s.concurrency_limit,
+           CASE WHEN s.run_at > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
+               AS state
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::smallint[],
+                $6::smallint[], $7::text[], $8::text[], $9::bytea[], $10::smallint[],
+                $11::text[], $12::text[], $13::integer[])
+         WITH ORDINALITY AS s(kind, queue, args, run_at, priority, max_attempts, tags,
+                              metadata, unique_key, unique_states, ordering_key,
+                              concurrency_key, concurrency_limit, ord)
+    ORDER BY s.ord
+), {{unique_claimed}}
 {{staging_insert}}
 RETURNING *
 
