@@ -75,9 +75,10 @@ J = TypeVar("J", bound=Job)
 Router = Callable[[str], str]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Options:
-    """Validated insert options, shared by every job of a bulk insert."""
+    """Validated insert options, shared by every job of a bulk insert (not
+    frozen, as `PreparedJob`: built once per single insert)."""
 
     kind: str | None
     queue: str | None  #: None: the kind's registered queue (`Router`), else "default"
@@ -118,7 +119,8 @@ def _options(kind: str | None = None, queue: str | None = None,
     concurrency = check_concurrency(concurrency_key, max_in_flight)
     metadata = telemetry.with_traceparent(metadata)  # once per call, not per job
     return _Options(kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
-                    tags=check_tags(tags), metadata_json=dumps(dict(metadata or {}), "metadata"),
+                    tags=check_tags(tags),
+                    metadata_json=dumps(dict(metadata), "metadata") if metadata else "{}",
                     run_at=check_run_at(run_at), unique=parse_unique_opts(unique_opts),
                     ordering_key=ordering_key, router=router, concurrency=concurrency)
 
