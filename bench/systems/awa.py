@@ -107,7 +107,14 @@ class System:
             await client.close()
 
     async def open_producer(self, url: str) -> Producer:
-        return Producer(awa.AsyncClient(url, max_connections=2))
+        # Connected before timing, as the protocol asks and the other drivers do
+        # (they return an open asyncpg/psycopg connection). AsyncClient opens its
+        # pool on first use, so without this the timed part included pool
+        # creation (~25 ms in a fresh process: a pooler probe, a connection,
+        # codec setup). storage_status() exists in both awa and awa-pg.
+        client = awa.AsyncClient(url, max_connections=2)
+        await client.storage_status()
+        return Producer(client)
 
     async def open_worker(self, url: str, concurrency: int, on_job) -> Worker:
         client = awa.AsyncClient(url, max_connections=WORKER_MAX_CONNECTIONS)
