@@ -177,6 +177,20 @@ def test_json_encoding_errors_are_unchanged_by_the_reused_encoder() -> None:
         '{"é":1.5,"d":"2026-01-02T00:00:00+00:00"}'
 
 
+def test_dumps_many_matches_dumps() -> None:
+    deep: object = 1
+    for _ in range(200):
+        deep = [deep]
+    values: list[object] = [{"a": 1}, {"é": "ü"}, {"a": "\\u0000"}, {"l": [[1]] * 100},
+                            {"big": "x" * 300_000}, {"d": datetime(2026, 1, 2, tzinfo=UTC)}]
+    assert serialize.dumps_many(values, "args") == [serialize.dumps(v, "args") for v in values]
+    for bad, error in (({"a": "x\x00"}, awa.ValidationError), ({"deep": deep}, awa.ValidationError),
+                       ({"n": float("nan")}, awa.SerializationError),
+                       ({"big": "x" * 2_000_000}, awa.ValidationError)):
+        with pytest.raises(error):
+            serialize.dumps_many([{"ok": 1}, bad], "args")
+
+
 async def test_bulk_paths(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     jobs = [SendEmail(str(i)) for i in range(500)]
     inserted = await client.insert_many_copy(jobs, queue="bulk", tags=["t"],

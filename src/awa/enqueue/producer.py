@@ -17,7 +17,14 @@ from typing import Any, TypeVar
 from awa.core import states
 from awa.core.errors import ValidationError
 from awa.core.model import Job
-from awa.core.serialize import args_to_dict, dumps, field_names, kind_of, unique_key
+from awa.core.serialize import (
+    args_to_dict,
+    dumps,
+    dumps_many,
+    field_names,
+    kind_of,
+    unique_key,
+)
 from awa.core.states import JobState
 from awa.core.validate import (
     check_concurrency,
@@ -197,22 +204,27 @@ def _prepare_shared(o: _Options, jobs: Sequence[Any]) -> list[PreparedJob]:
     """`_with_args` for a batch sharing one set of options and no unique key:
     kind, queue and field names found once per args type, the rest inlined."""
     by_type: dict[type, tuple[str, str, tuple[str, ...] | None] | None] = {}
-    out: list[PreparedJob] = []
-    append = out.append
-    shared = (o.priority, o.max_attempts, o.run_at, o.tags, o.metadata_json, None, None,
-              o.ordering_key, *o.concurrency)
-    for args in jobs:
+    general: dict[int, PreparedJob] = {}
+    specs: list[tuple[str, str, tuple[str, ...] | None]] = []
+    dicts: list[dict[str, Any]] = []
+    for i, args in enumerate(jobs):
         cls = type(args)
         try:
             spec = by_type[cls]
         except KeyError:
             spec = by_type[cls] = _type_spec(o, cls)
         if spec is None:  # a pydantic model, a Mapping subclass, a bad value: the general path
-            append(_with_args(o, args))
-            continue
-        kind, queue, names = spec
-        args_dict = dict(args) if names is None else {f: getattr(args, f) for f in names}
-        append(PreparedJob(kind, queue, args_dict, dumps(args_dict, "args"), *shared))
+            general[i] = _with_args(o, args)
+            spec, args = ("", "", None), {}  # a placeholder, replaced below
+        specs.append(spec)
+        names = spec[2]
+        dicts.append(dict(args) if names is None else {f: getattr(args, f) for f in names})
+    shared = (o.priority, o.max_attempts, o.run_at, o.tags, o.metadata_json, None, None,
+              o.ordering_key, *o.concurrency)
+    out = [PreparedJob(kind, queue, args_dict, text, *shared) for (kind, queue, _), args_dict, text
+           in zip(specs, dicts, dumps_many(dicts, "args"), strict=True)]
+    for i, job in general.items():
+        out[i] = job
     return out
 
 
