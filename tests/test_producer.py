@@ -209,6 +209,15 @@ async def test_bulk_paths(client: awa.AsyncClient, conn: asyncpg.Connection) -> 
     assert await client.insert_many_copy([]) == []
 
 
+async def test_copy_of_jobs_due_now_takes_the_servers_time(client: awa.AsyncClient,
+                                                           conn: asyncpg.Connection) -> None:
+    # run_at is left to its default (now(), as a single insert has it): the
+    # transaction's time, the same as created_at, on every row.
+    assert await client.enqueue_many_copy([SendEmail(str(i)) for i in range(3)]) == 3
+    rows = await conn.fetch("SELECT state::text, run_at = created_at AS same FROM awa.jobs")
+    assert [tuple(r) for r in rows] == [("available", True)] * 3
+
+
 async def test_unique_key_matches_reference_rule() -> None:
     import struct
 
