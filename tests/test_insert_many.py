@@ -79,3 +79,10 @@ def test_sync_client(sync_client: awa.Client) -> None:
     jobs = sync_client.insert_many([Ping(1), Ping(2)], queue="s")
     assert [j.args for j in jobs] == [{"n": 1}, {"n": 2}]
     assert jobs[0].queue == "s"
+
+
+async def test_after_waits_for_parents(client: awa.AsyncClient) -> None:
+    parent = await client.insert(Ping(0))
+    children = await client.insert_many([Ping(1), Ping(2)], after=[parent])
+    assert [j.args["n"] for j in children] == [1, 2]
+    assert all(j.state != awa.JobState.Available for j in children)  # parked on the parent
