@@ -177,7 +177,7 @@ async def server_mean_ms(c: Any, claims: int) -> tuple[float, float, float] | No
 
 async def explain_claim(c: Any, sql: str, params: tuple[object, ...]) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the claim under its generic plan, rolled back."""
-    types = "text, integer, float8, float8" + (", text, integer" if len(params) > 4 else "")
+    types = ", ".join(["text", "integer", "float8", "float8", "text", "integer"][:len(params)])
     await c.execute(f"PREPARE awa_claim_profile({types}) AS {sql}")
     literals = ", ".join("'" + v.replace("'", "''") + "'" if isinstance(v, str) else str(v)
                          for v in params)
