@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from scratchdb import scratch_database  # bench/ (the script's own directory)
+
 ROOT = Path(__file__).resolve().parent.parent
 SLOTS = 32
 
@@ -44,12 +46,7 @@ async def trial(admin: str, jobs: int) -> dict[str, float]:
     import awa
 
     db = f"bench_drain_ab_{os.getpid()}"
-    url = admin.rsplit("/", 1)[0] + "/" + db
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    await conn.execute(f'CREATE DATABASE "{db}"')
-    await conn.close()
-    try:
+    async with scratch_database(admin, db) as url:
         await awa.migrate(url)
         client = awa.AsyncClient(url)
 
@@ -71,10 +68,6 @@ async def trial(admin: str, jobs: int) -> dict[str, float]:
         await client.shutdown()
         await client.close()
         return {"rate": jobs / elapsed, "cpu_us": cpu / jobs * 1e6}
-    finally:
-        conn = await asyncpg.connect(admin)
-        await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        await conn.close()
 
 
 def run_trial(src: Path, admin: str, jobs: int) -> dict[str, float]:

@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scratchdb import scratch_database  # bench/ (the script's own directory)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LIMIT = 1000
@@ -53,11 +55,7 @@ async def scenario(url: str, admin: str, db: str, keys: int, jobs: int, explain:
     from awa.db.queries import Queries
     from awa.worker.keyed import KeyedClaims
 
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    await conn.execute(f'CREATE DATABASE "{db}"')
-    await conn.close()
-    try:
+    async with scratch_database(admin, db) as url:
         await awa.migrate(url)
         client = awa.AsyncClient(url)
         args = [{"seq": i} for i in range(jobs)]
@@ -131,10 +129,6 @@ async def scenario(url: str, admin: str, db: str, keys: int, jobs: int, explain:
                 "max_ms": max(times) * 1e3, "rate": jobs / elapsed, "plan": plan,
                 "server_ms": server_ms,
                 "cpu_ms": None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / len(times)}
-    finally:
-        conn = await asyncpg.connect(admin)
-        await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        await conn.close()
 
 
 def backend_cpu(pid: int) -> float | None:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scratchdb import scratch_database  # bench/ (the script's own directory)
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SLOTS = 32
@@ -61,11 +63,7 @@ async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> tuple[fl
 
     import awa
 
-    conn = await asyncpg.connect(admin)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    await conn.execute(f'CREATE DATABASE "{db}"')
-    await conn.close()
-    try:
+    async with scratch_database(admin, db) as url:
         await awa.migrate(url)
         client = awa.AsyncClient(url)
 
@@ -95,10 +93,6 @@ async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> tuple[fl
         await client.shutdown()
         await client.close()
         return jobs / elapsed, sum(cpu.values()) / jobs * 1000
-    finally:
-        conn = await asyncpg.connect(admin)
-        await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        await conn.close()
 
 
 def run_trial(src: Path, admin: str, keys: int, jobs: int) -> tuple[float, float]:
