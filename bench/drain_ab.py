@@ -8,10 +8,11 @@ throughput. Each trial is a fresh database and a fresh process whose
 ``PYTHONPATH`` picks the tree: N no-op jobs are COPYed in (one commit) to an
 idle worker (32 slots), and the rate is N over the time from that commit until
 ``awa.jobs`` is empty. Rounds alternate the two trees, so drift on a shared
-machine falls on both. Besides jobs/s each trial reports the machine's busy
-CPU per job (/proc/stat), which is steadier than throughput on a quiet machine
-but counts every other process too. The summary gives medians and the median
-of the per-round ratios.
+machine falls on both. Besides jobs/s each trial reports CPU per job twice:
+the machine's busy time (/proc/stat; counts every other process too) and its
+own (the trial's process plus the server backends of its database), which
+moves least with the neighbours' load. The summary gives medians and the
+median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from scratchdb import scratch_database  # bench/ (the script's own directory)
+from trials import own_cpu, scratch_database  # bench/ (the script's own directory)
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOTS = 32
@@ -58,16 +59,17 @@ async def trial(admin: str, jobs: int) -> dict[str, float]:
         await client.start(queues=[("bench", SLOTS)])
         await client.enqueue_many_copy([{"seq": i} for i in range(jobs)], kind="bench_job",
                                        queue="bench")
-        started, busy = time.perf_counter(), busy_seconds()
+        started, busy, own0 = time.perf_counter(), busy_seconds(), await own_cpu(side)
         while await side.fetchval("SELECT count(*) FROM awa.jobs") > 0:
             await asyncio.sleep(0.005)
         elapsed, cpu = time.perf_counter() - started, busy_seconds() - busy
+        own = sum(ms - own0.get(pid, 0.0) for pid, ms in (await own_cpu(side)).items())
         done = await side.fetchval("SELECT count(*) FROM awa.jobs_done WHERE state = 'completed'")
         assert done == jobs, (done, jobs)
         await side.close()
         await client.shutdown()
         await client.close()
-        return {"rate": jobs / elapsed, "cpu_us": cpu / jobs * 1e6}
+        return {"rate": jobs / elapsed, "cpu_us": cpu / jobs * 1e6, "own_us": own / jobs * 1e3}
 
 
 def run_trial(src: Path, admin: str, jobs: int) -> dict[str, float]:
@@ -101,16 +103,18 @@ def main() -> None:
             res = run_trial(src, opts.database_url, opts.jobs)
             results[name].append(res)
             print(f"round {r + 1}: {name}: {res['rate']:,.0f} jobs/s, "
-                  f"{res['cpu_us']:.1f} busy CPU us/job", flush=True)
+                  f"{res['cpu_us']:.1f} busy CPU us/job, {res['own_us']:.1f} own CPU us/job",
+                  flush=True)
     pairs = zip(results["this tree"], results["baseline"], strict=True)
     ratios = [a["rate"] / b["rate"] for a, b in pairs]
     print(f"\n| tree ({opts.jobs:,} jobs, {SLOTS} slots) | jobs/s (median) | "
-          "busy CPU us/job (median) | rounds (jobs/s) |")
-    print("|---|---:|---:|---|")
+          "busy CPU us/job (median) | own CPU us/job (median) | rounds (jobs/s) |")
+    print("|---|---:|---:|---:|---|")
     for name, rows in results.items():
         rates = [x["rate"] for x in rows]
         print(f"| {name} | {statistics.median(rates):,.0f} | "
               f"{statistics.median(x['cpu_us'] for x in rows):.1f} | "
+              f"{statistics.median(x['own_us'] for x in rows):.1f} | "
               f"{', '.join(f'{v:,.0f}' for v in rates)} |")
     mine, base = (statistics.median(x["rate"] for x in results[k]) for k in trees)
     print(f"\nthis tree / baseline: ratio of medians {mine / base:.3f}, "

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scratchdb import scratch_database  # bench/ (the script's own directory)
+from trials import scratch_database  # bench/ (the script's own directory)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -32,9 +32,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from scratchdb import scratch_database  # bench/ (the script's own directory)
+from trials import own_cpu, scratch_database  # bench/ (the script's own directory)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -42,20 +41,6 @@ SLOTS = 32
 LIMIT = 1000  # per key: above what one worker keeps in flight (slots + claimed ahead + unflushed)
 
 
-async def own_cpu(side: Any) -> dict[int, float]:
-    """CPU milliseconds used so far by this process and by the server processes of
-    its database (/proc; the side connection's own are left out): per job, a
-    figure that moves much less than the rate with the load of other processes."""
-    pids = await side.fetch("SELECT pid FROM pg_stat_activity WHERE datname = "
-                            "current_database() AND pid <> pg_backend_pid()")
-    out = {0: sum(os.times()[:2]) * 1000}
-    for (pid,) in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-    return out
 
 
 async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> tuple[float, float]:
