@@ -199,11 +199,9 @@ class Client:
                     backpressure: Backpressure = "off",
                     **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
         """Insert a batch, up to 1,000 jobs in one statement (`AsyncClient.insert_many`)."""
-        inserted = self._loop.run(self._async.insert_many(
+        return self._waitable(self._loop.run(self._async.insert_many(
             jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
-            backpressure=backpressure, **defaults))
-        return [InsertedJob.attach(j, sync_waiter=self.wait_for, depth=j.queue_depth)
-                for j in inserted]
+            backpressure=backpressure, **defaults)))
 
     def insert_many_copy(self, jobs: Sequence[Any], *,
                          opts: Sequence[Mapping[str, Any] | None] | None = None,
@@ -212,9 +210,12 @@ class Client:
                          backpressure: Backpressure = "off",
                          **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
         """Bulk insert through COPY (`AsyncClient.insert_many_copy`)."""
-        inserted = self._loop.run(self._async.insert_many_copy(
+        return self._waitable(self._loop.run(self._async.insert_many_copy(
             jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
-            backpressure=backpressure, **defaults))
+            backpressure=backpressure, **defaults)))
+
+    def _waitable(self, inserted: list[InsertedJob]) -> list[InsertedJob]:
+        """The async client's jobs, made to wait with this client (``job.wait_sync``)."""
         return [InsertedJob.attach(j, sync_waiter=self.wait_for, depth=j.queue_depth)
                 for j in inserted]
 
