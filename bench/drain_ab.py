@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from trials import own_cpu, scratch_database  # bench/ (the script's own directory)
+from trials import noop_client, own_cpu, scratch_database  # bench/ (the script's own directory)
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOTS = 32
@@ -44,17 +44,10 @@ async def trial(admin: str, jobs: int) -> dict[str, float]:
     """One drain in a database of its own; returns jobs/s and busy CPU µs per job."""
     import asyncpg
 
-    import awa
 
     db = f"bench_drain_ab_{os.getpid()}"
     async with scratch_database(admin, db) as url:
-        await awa.migrate(url)
-        client = awa.AsyncClient(url)
-
-        @client.task(kind="bench_job", queue="bench")
-        async def handle(job: object) -> None:
-            return None
-
+        client = await noop_client(url)
         side = await asyncpg.connect(url)
         await client.start(queues=[("bench", SLOTS)])
         await client.enqueue_many_copy([{"seq": i} for i in range(jobs)], kind="bench_job",

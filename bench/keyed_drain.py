@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from trials import own_cpu, scratch_database  # bench/ (the script's own directory)
+from trials import noop_client, own_cpu, scratch_database  # bench/ (the script's own directory)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -46,16 +46,9 @@ LIMIT = 1000  # per key: above what one worker keeps in flight (slots + claimed 
 async def trial(url: str, admin: str, db: str, keys: int, jobs: int) -> tuple[float, float]:
     import asyncpg
 
-    import awa
 
     async with scratch_database(admin, db) as url:
-        await awa.migrate(url)
-        client = awa.AsyncClient(url)
-
-        @client.task(kind="bench_job", queue="bench")
-        async def handle(job: object) -> None:
-            return None
-
+        client = await noop_client(url)
         args = [{"seq": i} for i in range(jobs)]
         opts = None
         queues: list[object] = [("bench", SLOTS)]

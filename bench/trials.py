@@ -25,6 +25,20 @@ async def scratch_database(admin: str, db: str) -> AsyncIterator[str]:
         await conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         await conn.close()
 
+async def noop_client(url: str) -> Any:
+    """A client of the migrated database with a no-op ``bench_job`` task on queue ``bench``."""
+    import awa
+
+    await awa.migrate(url)
+    client = awa.AsyncClient(url)
+
+    @client.task(kind="bench_job", queue="bench")
+    async def handle(job: object) -> None:
+        return None
+
+    return client
+
+
 async def own_cpu(side: Any) -> dict[int, float]:
     """CPU milliseconds used so far by this process and by the server processes of
     its database (/proc; the side connection's own are left out): per job, a
