@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -284,12 +285,24 @@ async def test_parent_lock_keeps_an_edge_from_being_missed(
         client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
     """A parent finishing while its child is being inserted waits for that insert to
     commit, then releases the child (no child left parked forever)."""
+    async def one_child(tx: awa.Transaction, parent: awa.Job) -> list[int]:
+        return [(await tx.insert(Work("c"), after=[parent])).id]
+
+    [child] = await insert_while_parent_finishes(client, conn, database_url, one_child)
+    assert await _state(client, child) is S.Available
+
+
+async def insert_while_parent_finishes(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str,
+        insert: Callable[[awa.Transaction, awa.Job], Awaitable[list[int]]]) -> list[int]:
+    """Insert children of a new parent in a transaction whose commit the parent's
+    finish (on another connection) is seen waiting for; returns the children's ids."""
     parent = await client.insert(Work("p"))
     inserter = awa.AsyncClient(database_url)
     finisher = await _connect(database_url)
     try:
         async with inserter.transaction() as tx:
-            child = await tx.insert(Work("c"), after=[parent])
+            children = await insert(tx, parent)
             done = asyncio.create_task(_finish(finisher, parent.id))
             await wait_until(lambda: _blocked(conn, finisher.get_server_pid()),
                              message="the parent's finish to wait for the insert")
@@ -297,7 +310,7 @@ async def test_parent_lock_keeps_an_edge_from_being_missed(
     finally:
         await inserter.close()
         await finisher.close()
-    assert await _state(client, child.id) is S.Available
+    return children
 
 
 async def test_child_runs_once_when_the_parents_worker_is_killed(

@@ -13,8 +13,7 @@ import asyncio
 
 import asyncpg
 import pytest
-from tests.helpers import wait_until
-from tests.test_dependencies import S, Work, _blocked, _edges, _finish, _state
+from tests.test_dependencies import S, Work, _edges, _finish, _state, insert_while_parent_finishes
 
 import awa
 from awa import chain, chord, group, step
@@ -142,20 +141,11 @@ async def test_bulk_parent_lock_keeps_an_edge_from_being_missed(
         client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
     """A parent finishing while a batch naming it is being inserted waits for the
     batch to commit, then releases every child of it."""
-    parent = await client.insert(Work("p"))
-    inserter = awa.AsyncClient(database_url)
-    finisher = await asyncpg.connect(database_url)
-    try:
-        async with inserter.transaction() as tx:
-            kids = await tx.insert_many([Work("c1"), Work("c2")], after=[parent])
-            done = asyncio.create_task(_finish(finisher, parent.id))
-            await wait_until(lambda: _blocked(conn, finisher.get_server_pid()),
-                             message="the parent's finish to wait for the insert")
-        await done
-    finally:
-        await inserter.close()
-        await finisher.close()
-    assert [await _state(client, k.id) for k in kids] == [S.Available, S.Available]
+    async def two_children(tx: awa.Transaction, parent: awa.Job) -> list[int]:
+        return [k.id for k in await tx.insert_many([Work("c1"), Work("c2")], after=[parent])]
+
+    kids = await insert_while_parent_finishes(client, conn, database_url, two_children)
+    assert [await _state(client, k) for k in kids] == [S.Available, S.Available]
 
 
 def test_sync_bulk_after(sync_client: awa.Client) -> None:
