@@ -81,7 +81,7 @@ async def test_the_schema_refuses_infinite_run_at(conn: asyncpg.Connection) -> N
 async def test_a_stored_infinite_row_does_not_stop_its_queue(client: awa.AsyncClient,
                                                              conn: asyncpg.Connection) -> None:
     # A row written before the CHECK existed (or by another writer without it).
-    await conn.execute("ALTER TABLE awa.jobs DROP CONSTRAINT jobs_run_at_finite")
+    await conn.execute("ALTER DOMAIN awa.job_run_at DROP CONSTRAINT job_run_at_check")
     for run_at in ("-infinity", "infinity"):
         await conn.execute("INSERT INTO awa.jobs (kind, queue, args, state, priority, "
                            "max_attempts, run_at) "

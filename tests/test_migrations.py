@@ -106,3 +106,48 @@ async def test_migrate_sql_for_schema_is_bound() -> None:
     # 'awa.defer_notify' is a setting's name, not a schema reference: it stays.
     assert all("awa." not in sql.replace("'awa_", "").replace("awa.defer_notify", "")
                for _, _, sql in pending)
+
+
+async def test_column_domains_upgrade_keeps_jobs_and_grants(empty_database_url: str) -> None:
+    """0017 rewrites awa.jobs into domain-typed columns: rows, the view and its
+    grants survive, and the checks still refuse bad rows from any writer."""
+    role = f"awa_reader_{abs(hash(empty_database_url)) % 10**8}"
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("CREATE SCHEMA awa")
+            for _, _, sql in migrations.migrations_range(0, 16):
+                await conn.execute(sql)
+            await conn.execute("CREATE TABLE awa.schema_migrations (version integer PRIMARY "
+                               "KEY, description text NOT NULL, applied_at timestamptz "
+                               "NOT NULL DEFAULT now())")
+            await conn.execute("INSERT INTO awa.schema_migrations (version, description) "
+                               "SELECT g, 'old' FROM generate_series(1, 16) g")
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.execute(f'CREATE ROLE "{role}"')
+        await conn.execute(f'GRANT SELECT ON awa.jobs_all TO "{role}"')
+        old = await conn.fetchval(
+            "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, tags) "
+            "VALUES ('k', 'q', '{\"a\": 1}', 'available', 2, 5, '{t}') RETURNING id")
+        assert await awa.migrate(empty_database_url) == list(
+            range(17, awa.current_migration_version() + 1))
+        row = await conn.fetchrow("SELECT kind, args, tags FROM awa.jobs_all WHERE id = $1", old)
+        assert (row["kind"], row["tags"]) == ("k", ["t"])
+        assert await conn.fetchval(
+            "SELECT has_table_privilege($1, 'awa.jobs_all', 'SELECT')", role)
+        good = {"kind": "k", "priority": 2, "args": "{}", "run_at": "2030-01-01", "tags": []}
+        for column, bad in (("kind", ""), ("priority", 9), ("args", "[1]"),
+                            ("run_at", "infinity"), ("tags", ["x"] * 21)):
+            values = {**good, column: bad}
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(
+                    "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, "
+                    "run_at, tags) VALUES ($1, 'q', $2::text::jsonb, 'available', $3, 5, "
+                    "$4::text::timestamptz, $5)", values["kind"], values["args"],
+                    values["priority"], values["run_at"], values["tags"])
+        async with awa.AsyncClient(empty_database_url) as client:
+            assert (await client.get_job(old)).args == {"a": 1}
+    finally:
+        await conn.execute(f'DROP OWNED BY "{role}"')
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import asyncpg
 import pydantic
@@ -252,3 +252,23 @@ async def test_notify_on_insert_at_commit(client: awa.AsyncClient, database_url:
         assert got == []  # scheduled jobs wake nobody
     finally:
         await listener.close()
+
+
+@pytest.mark.parametrize("opts", [
+    {},
+    {"run_at": datetime.now(timezone(timedelta(hours=2))) + timedelta(hours=1), "priority": 1,
+     "tags": ["a", "b"], "metadata": {"m": [1, 2.5, None]}, "max_attempts": 3},
+    {"run_at": datetime(2020, 1, 2, 3, 4, 5, 678901, UTC), "ordering_key": "o",
+     "concurrency_key": "tenant", "max_in_flight": 2},
+    {"unique_opts": {"by_args": True}, "queue": "other"},
+])
+async def test_inserted_job_is_the_stored_job(client: awa.AsyncClient,
+                                              opts: dict[str, object]) -> None:
+    """`insert` builds its Job from what it sent and what the server chose
+    (id, state, created_at): every field must equal the stored row's."""
+    args = HTMLToPDF(url="u", when=datetime(2021, 5, 6, tzinfo=UTC))
+    job = await client.insert(args, **opts)  # type: ignore[arg-type]
+    stored = await client.get_job(job.id)
+    for f in dataclasses.fields(awa.Job):
+        assert getattr(job, f.name) == getattr(stored, f.name), f.name
+    assert job.run_at == stored.run_at and job.created_at == stored.created_at

@@ -10,9 +10,10 @@ as bind parameters or COPY data.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from awa.core import states
 from awa.core.errors import ValidationError
@@ -70,6 +71,18 @@ class PreparedJob:
                 self.max_attempts, self.tags, self.metadata_json, self.unique_key,
                 self.unique_states, self.ordering_key, self.concurrency_key,
                 self.concurrency_limit)
+
+    def inserted(self, job_type: type[J], job_id: int, state: str,
+                 created_at: datetime) -> J:
+        """The `Job` this was inserted as, from what the server chose (``job_insert_one``):
+        the rest is what was sent, its JSON read back as a row of it would be."""
+        run_at = created_at if self.run_at is None else self.run_at.astimezone(UTC)
+        metadata = {} if self.metadata_json == "{}" else json.loads(self.metadata_json)
+        return job_type(job_id, self.kind, self.queue, JobState(state), self.priority, 0,
+                        self.max_attempts, json.loads(self.args_json), run_at, created_at,
+                        list(self.tags), metadata, [], unique_key=self.unique_key,
+                        ordering_key=self.ordering_key, concurrency_key=self.concurrency_key,
+                        concurrency_limit=self.concurrency_limit)
 
     def initial_state(self, now: datetime) -> JobState:
         """Where the job starts: available unless ``run_at`` is in the future."""
@@ -249,9 +262,10 @@ async def insert_one(conn: Conn, q: Queries, job: PreparedJob,
 
     ``job_type``: the `Job` class to build (the client's `InsertedJob`)."""
     with translated():
-        row = await conn.fetchrow(q["job_insert"], *job.insert_params())
+        row = await conn.fetchrow(q["job_insert_one"], *job.insert_params())
+    job_id, state, created_at = cast("tuple[int, str, datetime]", row)
     telemetry.inserted(job.kind, job.queue)
-    return job_type.from_row(row)  # type: ignore[return-value]
+    return job.inserted(job_type, job_id, state, created_at)
 
 
 _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", "tags",

@@ -1,14 +1,24 @@
 -- Statements on jobs: insert, read, and the admin transitions.
 -- Finished jobs are moved with awa.finished() (see 0001_jobs.sql).
 
--- name: job_insert
+-- fragment: job_insert_row
+-- One job from `PreparedJob.insert_params`; due now unless $4 is in the future.
 INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
                       metadata, unique_key, unique_states, ordering_key, concurrency_key,
                       concurrency_limit)
 SELECT $1, $2, $3::text::jsonb,
        CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
        coalesce($4::timestamptz, now()), $5, $6, $7, $8::text::jsonb, $9, $10, $11, $12, $13
+
+-- name: job_insert
+{{job_insert_row}}
 RETURNING *
+
+-- name: job_insert_one
+-- The single-insert path: the caller holds every value it sent, so only what
+-- the server chose comes back (a job due now has run_at = created_at).
+{{job_insert_row}}
+RETURNING id, state, created_at
 
 -- name: job_staging_create
 CREATE TEMP TABLE awa_job_staging (
