@@ -62,8 +62,12 @@ class KeyedClaims:
         self._next_probe = 0.0
         self.cursor = ""  #: the key the last walk ended on ('' = from the first)
         self.capped = False  #: the last walk stopped at KEY_WALK_MAX keys
-        #: the last claim found unkeyed jobs (or none has run): claim them too
-        self.mixed = True
+        #: the last claim found unkeyed jobs: claim them with attempt_claim_keyed_chunk.
+        #: False at first, so attempt_claim_keyed_only is planned while the worker
+        #: waits for work, as the plain claim is: a generic plan made just after a
+        #: bulk insert, before any VACUUM or ANALYZE has seen it, may sort a scan of
+        #: every available job instead of reading the keyed claim index in order.
+        self.mixed = False
         self.races = 0  #: claims refused by the slot index (and claimed again)
 
     @property
