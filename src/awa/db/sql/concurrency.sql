@@ -325,10 +325,14 @@ open AS (
     -- keeps the slot read a unit, run once per key. `rn <= 1`, not `rn = 1`:
     -- the planner guesses a third of the rows for it, not one, and so hashes
     -- this CTE in `keyed` instead of scanning it again for every job.
+    -- The free slots, lowest first: 1.. less the taken ones (a hashed NOT IN;
+    -- `<> ALL` compared every candidate with every taken slot; a function scan
+    -- returns generate_series' rows in order, so no sort), only for a key with
+    -- some taken.
     SELECT g.key, g.take,
            CASE WHEN cardinality(g.taken) > 0 THEN
                array(SELECT s FROM generate_series(1, cardinality(g.taken) + g.take::integer) s
-                     WHERE s <> ALL (g.taken) LIMIT g.take) END AS free
+                     WHERE s NOT IN (SELECT unnest(g.taken)) LIMIT g.take) END AS free
     FROM (SELECT c.key, t.taken,
                  CASE WHEN c.lim > cardinality(t.taken)
                        AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
