@@ -106,10 +106,13 @@ async def test_claim_plan_stays_below_the_jit_threshold(client: awa.AsyncClient,
                        + queries()["attempt_claim_keyed"])
     await conn.execute("PREPARE keyed_chunk(text, integer, float8, float8, text) AS "
                        + queries()["attempt_claim_keyed_chunk"])
+    await conn.execute("PREPARE keyed_only(text, integer, float8, float8, text) AS "
+                       + queries()["attempt_claim_keyed_only"])
     for mode in ("force_generic_plan", "force_custom_plan"):
         await conn.execute(f"SET plan_cache_mode = {mode}")
         for run in ("keyed_claim('default', 32, 0, 0, 'one', 500)",
-                    "keyed_chunk('default', 32, 0, 0, 'one')"):
+                    "keyed_chunk('default', 32, 0, 0, 'one')",
+                    "keyed_only('default', 32, 0, 0, 'one')"):
             plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {run}")
             cost = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]["Total Cost"]
             # A quarter of the threshold: headroom for a backlog several times
@@ -137,6 +140,10 @@ async def test_chunk_claim_grants_slots_and_asks_for_the_walk(client: awa.AsyncC
     assert rows[-1]["cursor"] == "b3" and not rows[-1]["walk"]
     rows = await conn.fetch(sql, Q, 8, 0.0, 0.0, "b3")  # b4, then round to a-hot again
     assert [r["concurrency_key"] for r in rows] == ["b4"] and rows[-1]["walk"]
+    # Only a-hot left, at its limit: nothing claimed, and no row at all (the
+    # worker's claim then walks on), from either statement.
+    assert await conn.fetch(sql, Q, 8, 0.0, 0.0, "b4") == []
+    assert await conn.fetch(queries()["attempt_claim_keyed_only"], Q, 8, 0.0, 0.0, "b4") == []
     # The worker's claim: the chunk, then (a-hot at its limit) the walk for the rest.
     await conn.execute("DELETE FROM awa.jobs WHERE state = 'running'")
     await client.enqueue_many_copy([Work(i) for i in range(3)],
@@ -165,3 +172,37 @@ async def test_claim_walks_on_past_a_saturated_key_and_wraps(client: awa.AsyncCl
     assert sorted(r["concurrency_key"] for r in rows) == ["b7", "b8", "b9"]
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE state = 'running' "
                                "AND concurrency_key = 'a-hot'") == 1
+
+
+async def test_keyed_only_claim_turns_to_unkeyed_jobs_when_it_finds_them(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """While the last claim found no unkeyed job, the worker's claim runs the
+    statement without the unkeyed scans (``attempt_claim_keyed_only``). Unkeyed
+    jobs that arrive are still claimed: in the same claim when the keyed jobs
+    leave room (the walk takes them), else by the next claim, which looks for
+    both again; once none is left the claim goes back to keyed jobs only."""
+    claims = KeyedClaims(queries(), configured=True)
+    await client.enqueue_many_copy([Work(i) for i in range(4)], concurrency_key="k",
+                                   max_in_flight=100)
+    got = await claims.claim(conn, Q, 8, 0.0, 0.0)
+    assert [r["concurrency_key"] for r in got] == ["k"] * 4 and not claims.mixed
+    # Unkeyed jobs arrive; the keyed-only claim leaves room: the same claim takes them.
+    await client.enqueue_many_copy([Work(i) for i in range(3)])
+    await client.enqueue_many_copy([Work(i) for i in range(2)], concurrency_key="k",
+                                   max_in_flight=100)
+    got = await claims.claim(conn, Q, 8, 0.0, 0.0)
+    assert sorted((r["concurrency_key"] or "") for r in got) == ["", "", "", "k", "k"]
+    assert claims.mixed  # the walk claimed unkeyed jobs
+    # A batch full of keyed jobs: the unkeyed ones wait for the next claim, no longer.
+    await client.enqueue_many_copy([Work(i) for i in range(6)], concurrency_key="k",
+                                   max_in_flight=100)
+    await client.enqueue_many_copy([Work(i) for i in range(2)])
+    claims.mixed = False
+    got = await claims.claim(conn, Q, 4, 0.0, 0.0)
+    assert [r["concurrency_key"] for r in got] == ["k"] * 4 and claims.mixed
+    got = await claims.claim(conn, Q, 8, 0.0, 0.0)
+    assert sorted((r["concurrency_key"] or "") for r in got) == ["", "", "k", "k"]
+    await client.enqueue_many_copy([Work(i) for i in range(2)], concurrency_key="k",
+                                   max_in_flight=100)
+    got = await claims.claim(conn, Q, 8, 0.0, 0.0)  # no unkeyed job left: keyed only again
+    assert [r["concurrency_key"] for r in got] == ["k"] * 2 and not claims.mixed

@@ -37,7 +37,7 @@ IDLE_SECONDS = states.KEY_IDLE.total_seconds()
 RACE_RETRIES = 3
 _CLAIM_COLUMNS = 18  # attempt_claim's columns, which Job.from_claim unpacks
 _KEY = _CLAIM_COLUMNS  # then the key, its limit and the slot granted
-_CURSOR = _CLAIM_COLUMNS + 3  # then the cursor, and whether to claim on (capped / walk)
+_CURSOR = _CLAIM_COLUMNS + 3  # then the cursor, whether to claim on (capped / walk), plain
 
 
 class _Fetcher(Protocol):
@@ -62,6 +62,12 @@ class KeyedClaims:
         self._next_probe = 0.0
         self.cursor = ""  #: the key the last walk ended on ('' = from the first)
         self.capped = False  #: the last walk stopped at KEY_WALK_MAX keys
+        #: the last claim found unkeyed jobs: claim them with attempt_claim_keyed_chunk.
+        #: False at first, so attempt_claim_keyed_only is planned while the worker
+        #: waits for work, as the plain claim is: a generic plan made just after a
+        #: bulk insert, before any VACUUM or ANALYZE has seen it, may sort a scan of
+        #: every available job instead of reading the keyed claim index in order.
+        self.mixed = False
         self.races = 0  #: claims refused by the slot index (and claimed again)
 
     @property
@@ -81,18 +87,28 @@ class KeyedClaims:
                     aging: float) -> list[Any]:
         """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for `job_from_row`.
 
-        First the small statement (one range scan of the next keys); only when its
-        keys could not fill the claim (some at their limit), the walk key by key
-        from where it stopped, for the rest. Each is its own transaction: rows
-        the first claimed stay claimed whatever the second does."""
-        rows = await self._attempt(db, "attempt_claim_keyed_chunk", queue, want, deadline,
-                                   aging, self.cursor)
+        First the small statement (one range scan of the next keys), without
+        its scans for unkeyed jobs while the last claim found none
+        (``attempt_claim_keyed_only``); then, only when it claimed nothing, or
+        its keys could not fill the claim (some at their limit), or it found
+        unkeyed jobs it did not look for, the walk key by key from where it
+        stopped (which takes unkeyed jobs too), for the rest. Each is its own
+        transaction: rows the first claimed stay claimed whatever the second
+        does."""
+        first = "attempt_claim_keyed_chunk" if self.mixed else "attempt_claim_keyed_only"
+        rows = await self._attempt(db, first, queue, want, deadline, aging, self.cursor)
         if rows is None:
             return []
-        last = rows[-1]
-        self.cursor, self.capped = last[_CURSOR], False
-        claimed = [r for r in rows if r[0] is not None]
-        if last[_CURSOR + 1] and len(claimed) < want:
+        self.capped = False
+        if rows:
+            last = rows[-1]
+            self.cursor, walk, plain = last[_CURSOR], last[_CURSOR + 1], last[_CURSOR + 2]
+            walk = walk or (plain and not self.mixed)
+            self.mixed = plain
+        else:  # nothing claimed: every key in the range at its limit, or nothing there
+            walk = True
+        claimed = list(rows)
+        if walk and len(claimed) < want:
             try:
                 more = await self._attempt(db, "attempt_claim_keyed", queue,
                                            want - len(claimed), deadline, aging, self.cursor,
@@ -104,7 +120,9 @@ class KeyedClaims:
             if more is not None:
                 last = more[-1]
                 self.cursor, self.capped = last[_CURSOR], last[_CURSOR + 1]
-                claimed += [r for r in more if r[0] is not None]
+                more = [r for r in more if r[0] is not None]
+                self.mixed = self.mixed or any(r[_KEY] is None for r in more)
+                claimed += more
         if any(r[_KEY] is not None for r in claimed):
             self._keyed_until = time.monotonic() + IDLE_SECONDS
         return claimed

@@ -116,9 +116,8 @@ grants AS MATERIALIZED (
     FOR UPDATE OF a SKIP LOCKED
 )
 
--- fragment: keyed_claim_finish
--- Unkeyed jobs as attempt_claim takes them, then the claim of everything picked
--- (`keyed` holds the keyed jobs with their slots).
+-- fragment: keyed_claim_unkeyed
+-- Unkeyed jobs as attempt_claim takes them (none unless `plain` found some).
 c1 AS (
     SELECT id, priority, run_at, ordering_key, NULL::integer AS slot, ctid AS tid FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
@@ -139,7 +138,12 @@ c1 AS (
     WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
       AND (SELECT ok FROM plain)
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), picked AS (
+)
+
+-- fragment: keyed_claim_finish
+-- Unkeyed jobs as attempt_claim takes them, then the claim of everything picked
+-- (`keyed` holds the keyed jobs with their slots).
+{{keyed_claim_unkeyed}}, picked AS (
     SELECT id, slot, tid FROM (
         SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
         UNION ALL SELECT * FROM c4
@@ -262,33 +266,159 @@ FROM (SELECT coalesce((SELECT key FROM visited ORDER BY visits DESC LIMIT 1), $5
              coalesce((SELECT max(visits) FROM visited), 0) >= $6 AS capped) w
 LEFT JOIN claimed c ON true
 
--- name: attempt_claim_keyed_chunk
--- The common keyed claim: attempt_claim_keyed without its walk key by key, so a
--- smaller plan (a claim's fixed cost is mostly its plan's size: the walk alone
--- was a third of it). Up to $2 jobs of queue $1 ($3 deadline seconds, $4 aging
--- interval), unkeyed ones as attempt_claim takes them, keyed ones from the one
--- range scan of the next $2 keyed jobs in key order after the cursor $5
--- (wrapping round), each key granted up to its free slots. Returns the claimed
--- jobs as attempt_claim_keyed does, then the cursor and `walk`: the scan was
--- full but its keys could not fill the claim (some at their limit), so the
--- caller goes on with attempt_claim_keyed from the cursor (worker/keyed.py).
-WITH {{keyed_claim_chunk}}, visited AS (
-    SELECT key, hp, hr, hid, taken, take, visit AS visits, true AS chunked FROM chunk_keys
-), {{keyed_claim_grants}}, keyed AS (
-    -- Each granted key's jobs with the slots they get: its rn-th job locked
-    -- takes free[rn].
-    SELECT x.id, x.priority, x.run_at, x.ordering_key, x.lim, g.free[x.rn] AS slot, x.tid
-    FROM (SELECT l.*, (row_number() OVER (PARTITION BY l.key
-                                          ORDER BY l.priority, l.run_at, l.id))::integer AS rn
-          FROM chunk_locked l) x
-    JOIN grants g ON g.key = x.key
-), {{keyed_claim_finish}}
-SELECT c.*, w.cursor, w.walk
-FROM (SELECT coalesce((SELECT key FROM chunk_keys ORDER BY visit DESC LIMIT 1), $5::text)
+-- fragment: keyed_chunk_grant
+-- The common keyed claim's first CTEs, one pass over the next $2 keyed jobs:
+-- `chunk` locks them where the range scan finds them (in key order from the
+-- cursor $5, wrapping round) and numbers each within its key (`rn`, 1 = the
+-- key's head; `n` of the key in the chunk); `grants` reads each key's taken
+-- slots once (one probe of the slot index, from its head row) and says how
+-- many of its jobs the claim takes and which free slots they get; `keyed`
+-- gives the key's rn-th job free[rn] (the rn-th lowest free slot; with none
+-- taken, simply rn); `w` is the cursor for the next claim, whether the
+-- caller should walk on key by key (`walk`: the scan was full but its keys
+-- could not fill the claim) and whether the queue has unkeyed jobs (`plain`).
+-- A job locked here but not granted (its key at its limit) stays available:
+-- its lock ends with this short transaction.
+open AS (
+    -- ($4, the aging interval, is named here only to type it for
+    -- attempt_claim_keyed_only, which has no other use for it.)
+    SELECT set_config('synchronous_commit', 'off', true) = 'off'
+           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
+           (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit,
+           $4::float8 AS aging
+), plain AS (
+    -- Unkeyed jobs to claim at all? A probe of the claim index; without it a
+    -- plan reused from when the queue held only keyed jobs scanned the whole
+    -- table for unkeyed ones (estimated at one row).
+    SELECT (SELECT ok FROM open) AND EXISTS (
+        SELECT 1 FROM awa.jobs
+        WHERE state = 'available' AND queue = $1 AND concurrency_key IS NULL) AS ok
+), chunk AS MATERIALIZED (
+    SELECT c.*, row_number() OVER (PARTITION BY c.key ORDER BY c.priority, c.run_at, c.id) AS rn,
+           count(*) OVER (PARTITION BY c.key) AS n
+    FROM (
+        SELECT * FROM (
+            SELECT a.concurrency_key AS key,
+                   coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1) AS lim,
+                   a.priority, a.run_at, a.id, a.ordering_key, false AS wrap, a.ctid AS tid
+            FROM awa.jobs a
+            WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
+              AND a.concurrency_key > $5::text AND (SELECT ok FROM open)
+            ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT $2
+            FOR UPDATE SKIP LOCKED) after_cursor
+        UNION ALL
+        SELECT * FROM (
+            SELECT a.concurrency_key,
+                   coalesce(a.concurrency_limit, (SELECT queue_limit FROM open), 1),
+                   a.priority, a.run_at, a.id, a.ordering_key, true, a.ctid
+            FROM awa.jobs a
+            WHERE a.state = 'available' AND a.queue = $1 AND a.concurrency_key IS NOT NULL
+              AND a.concurrency_key <= $5::text AND (SELECT ok FROM open)
+            ORDER BY a.concurrency_key, a.priority, a.run_at, a.id LIMIT $2
+            FOR UPDATE SKIP LOCKED) from_start
+        LIMIT $2) c
+), grants AS MATERIALIZED (
+    -- Per key (its head row): the key takes up to its free slots (its head's
+    -- limit less the slots taken) of its jobs in the chunk, if it gets the
+    -- key's transaction lock (two claims racing for one key then rarely pick
+    -- the same slot; the unique index refuses it if they do). `OFFSET 0`
+    -- keeps the slot read a unit, run once per key. `rn <= 1`, not `rn = 1`:
+    -- the planner guesses a third of the rows for it, not one, and so hashes
+    -- this CTE in `keyed` instead of scanning it again for every job.
+    -- The free slots, lowest first: 1.. less the taken ones (a hashed NOT IN;
+    -- `<> ALL` compared every candidate with every taken slot; a function scan
+    -- returns generate_series' rows in order, so no sort), only for a key with
+    -- some taken.
+    SELECT g.key, g.take,
+           CASE WHEN cardinality(g.taken) > 0 THEN
+               array(SELECT s FROM generate_series(1, cardinality(g.taken) + g.take::integer) s
+                     WHERE s NOT IN (SELECT unnest(g.taken)) LIMIT g.take) END AS free
+    FROM (SELECT c.key, t.taken,
+                 CASE WHEN c.lim > cardinality(t.taken)
+                       AND pg_try_advisory_xact_lock(hashtext('awa:concurrency_key'),
+                                                     hashtext(c.key))
+                      THEN least(c.n, c.lim - cardinality(t.taken)) ELSE 0 END AS take
+          FROM chunk c,
+          LATERAL (SELECT array(SELECT r.concurrency_slot FROM awa.jobs r
+                                WHERE r.concurrency_key = c.key
+                                  AND r.concurrency_slot IS NOT NULL
+                                  AND r.state IN ('running', 'waiting_external')) AS taken
+                   OFFSET 0) t
+          WHERE c.rn <= 1) g
+), keyed AS (
+    SELECT c.id, c.priority, c.run_at, c.ordering_key, c.lim,
+           coalesce(g.free[c.rn], c.rn)::integer AS slot, c.tid
+    FROM chunk c JOIN grants g ON g.key = c.key AND c.rn <= g.take
+), w AS (
+    SELECT coalesce((SELECT key FROM chunk ORDER BY wrap DESC, key DESC LIMIT 1), $5::text)
                AS cursor,
-             (SELECT count(*) FROM chunk) = $2
-             AND coalesce((SELECT sum(take) FROM chunk_keys), 0) < $2 AS walk) w
-LEFT JOIN claimed c ON true
+           (SELECT count(*) FROM chunk) = $2
+           AND coalesce((SELECT sum(take) FROM grants), 0) < $2 AS walk,
+           (SELECT ok FROM plain) AS plain
+)
+
+-- fragment: keyed_chunk_update
+-- The claim of everything picked, by tuple id (every picked row is locked by
+-- this statement, so the id it was locked at is its current version; the id
+-- check is a guard). Top level, not a CTE: the rows go straight out, with the
+-- cursor, `walk` and `plain` on each.
+UPDATE awa.jobs j
+SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+    attempted_at = now(), heartbeat_at = now(), concurrency_slot = picked.slot,
+    deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
+FROM picked, w WHERE j.ctid = picked.tid AND j.id = picked.id
+RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
+          j.run_lease, date_part('epoch', j.run_at) AS run_at,
+          date_part('epoch', j.created_at) AS created_at,
+          date_part('epoch', j.attempted_at) AS attempted_at,
+          date_part('epoch', j.deadline_at) AS deadline_at,
+          nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
+          j.errors, j.progress, j.unique_key, j.ordering_key,
+          j.concurrency_key, j.concurrency_limit, j.concurrency_slot,
+          w.cursor, w.walk, w.plain
+
+-- name: attempt_claim_keyed_chunk
+-- The common keyed claim: attempt_claim_keyed without its walk key by key (a
+-- claim's fixed cost is mostly its plan's size). Up to $2 jobs of queue $1
+-- ($3 deadline seconds, $4 aging interval), unkeyed ones as attempt_claim
+-- takes them, keyed ones from one range scan of the next $2 keyed jobs in key
+-- order after the cursor $5 (wrapping round), each key granted up to its free
+-- slots. Returns the claimed jobs as attempt_claim_keyed does, each with the
+-- cursor for the next claim, `walk` (the scan was full but its keys could not
+-- fill the claim: the caller goes on with attempt_claim_keyed from the
+-- cursor) and `plain` (the queue had unkeyed jobs). Nothing claimed: no rows
+-- (the caller goes on with attempt_claim_keyed; see worker/keyed.py).
+WITH {{keyed_chunk_grant}}, {{keyed_claim_unkeyed}}, picked AS (
+    SELECT id, slot, tid FROM (
+        SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
+        UNION ALL SELECT * FROM c4
+        UNION ALL SELECT id, priority, run_at, ordering_key, slot, tid FROM keyed
+        WHERE slot <= lim) c
+    WHERE c.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM awa.jobs r
+        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
+    ORDER BY CASE WHEN $4::float8 > 0
+                  THEN greatest(1, priority - floor((date_part('epoch', now())
+                                                     - date_part('epoch', run_at)) / $4))
+                  ELSE priority END,
+             run_at, id
+    LIMIT $2
+)
+{{keyed_chunk_update}}
+
+-- name: attempt_claim_keyed_only
+-- attempt_claim_keyed_chunk for a queue whose last claim found no unkeyed jobs:
+-- the same, without the four scans for unkeyed ones (about 7 % of the
+-- statement's cost; `plain` still probes for them, and the caller turns back
+-- to attempt_claim_keyed_chunk when it finds some). Keyed jobs only, so no
+-- ordering by priority across them and no LIMIT: the chunk holds at most $2.
+WITH {{keyed_chunk_grant}}, picked AS (
+    SELECT c.id, c.slot, c.tid FROM keyed c
+    WHERE c.slot <= c.lim AND (c.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM awa.jobs r
+        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id))
+)
+{{keyed_chunk_update}}
 
 -- name: concurrency_key_stats
 -- Keys with jobs in flight, per queue (only queue $1; NULL: every queue),
