@@ -230,11 +230,9 @@ async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     """Check the parents, stage the batch and run ``statement`` over it, then apply
     the parents already finished; the statement's rows (re-read if any applied)."""
     records = _staged(jobs, parents)
-    waiting = [p for p in parents if p is not None]
-    wanted = list(dict.fromkeys(i for ids, _ in waiting for i in ids))
     with translated():
         async with conn.transaction():
-            finished = await run(conn, q, check_parents(wanted, waiting))
+            finished = await _lock_parents(conn, q, parents)
             await producer.stage(conn, q, records, with_parents=True)
             found = await conn.fetch(q[statement])
             if finished:
@@ -247,11 +245,17 @@ async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
 
 async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                             parents: Sequence[Parents | None],
-                            job_type: type[J] = Job) -> list[J]:  # type: ignore[assignment]
+                            job_type: type[J] = Job,  # type: ignore[assignment]
+                            copy: bool | None = None) -> list[J]:
     """`producer.insert_many` for a batch where ``parents[i]`` is what job ``i`` waits
     for (None: nothing): the same checks and atomicity as `insert_after`, one
-    lock statement and one staged insert (with the edges) for the whole batch."""
-    rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
+    lock statement and one staged insert (with the edges) for the jobs that
+    wait; the others take `producer.insert_many`'s path (``copy`` as there) in
+    the same transaction. The jobs come back in the order of ``jobs``."""
+    if all(p is not None for p in parents):
+        rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
+    else:
+        rows = await _insert_mixed(conn, q, jobs, parents, copy)
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted
@@ -260,12 +264,80 @@ async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
 async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                           parents: Sequence[Parents | None]) -> int:
     """`insert_many_after` answering only how many jobs it inserted (no rows sent
-    back: `enqueue_many_copy`)."""
+    back: `enqueue_many_copy`); the jobs that wait for nothing go by binary COPY."""
     if any(j.unique_key is not None for j in jobs):  # which ones were skipped: the rows say
-        return len(await insert_many_after(conn, q, jobs, parents))
-    rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
+        return len(await insert_many_after(conn, q, jobs, parents, copy=True))
+    if all(p is not None for p in parents):
+        rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
+        count = int(rows[0]["inserted"])
+    else:
+        plain, waiting = _split(parents)
+        records = _staged([jobs[i] for i in waiting], [parents[i] for i in waiting])
+        with translated():
+            async with conn.transaction():
+                finished, ids = await _reserve(conn, q, parents)
+                count = await producer.copy_records(conn, q, [jobs[i] for i in plain],
+                                                    ids=[ids[i] for i in plain])
+                await producer.stage(conn, q, [(*r, ids[i]) for r, i in zip(records, waiting,
+                                                                           strict=True)],
+                                     with_parents=True, with_ids=True)
+                row = await conn.fetchrow(q["dependency_count_from_staging"])
+                assert row is not None
+                count += int(row["inserted"])
+                if finished:
+                    await run(conn, q, release(finished))
     telemetry.inserted_jobs(jobs)
-    return int(rows[0]["inserted"])
+    return count
+
+
+def _split(parents: Sequence[Parents | None]) -> tuple[list[int], list[int]]:
+    """The positions of the jobs that wait for nothing, and of those that wait."""
+    plain = [i for i, p in enumerate(parents) if p is None]
+    return plain, [i for i, p in enumerate(parents) if p is not None]
+
+
+async def _lock_parents(conn: Conn, q: Queries, parents: Sequence[Parents | None]) -> Finished:
+    """`check_parents` for the parents the waiting jobs name, each once."""
+    children = [p for p in parents if p is not None]
+    wanted = list(dict.fromkeys(i for ids, _ in children for i in ids))
+    return await run(conn, q, check_parents(wanted, children))
+
+
+async def _reserve(conn: Conn, q: Queries, parents: Sequence[Parents | None]
+                   ) -> tuple[Finished, list[int]]:
+    """A mixed batch's first statements: its parents checked and locked, then an
+    id per job in the batch's order, so the jobs keep that order whichever path
+    inserts them."""
+    finished = await _lock_parents(conn, q, parents)
+    row = await conn.fetchrow(q["job_ids_reserve"], len(parents))
+    assert row is not None
+    return finished, list(row["ids"])
+
+
+async def _insert_mixed(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                        parents: Sequence[Parents | None], copy: bool | None) -> list[Any]:
+    """A batch where some jobs wait and some do not, in one transaction: the
+    parents locked and checked, an id reserved per job, the jobs that wait for
+    nothing by `producer.insert_rows` (one statement, or COPY to staging), the
+    others staged with their edges; the rows in the order of ``jobs``."""
+    plain, waiting = _split(parents)
+    plain_jobs = [jobs[i] for i in plain]
+    records = _staged([jobs[i] for i in waiting], [parents[i] for i in waiting])
+    with translated():
+        async with conn.transaction():
+            finished, ids = await _reserve(conn, q, parents)
+            rows = await producer.insert_rows(conn, q, plain_jobs, copy, [ids[i] for i in plain])
+            if producer.staged(plain_jobs, copy):
+                await conn.execute(q["job_staging_drop"])
+            await producer.stage(conn, q, [(*r, ids[i]) for r, i in zip(records, waiting,
+                                                                       strict=True)],
+                                 with_parents=True, with_ids=True)
+            waiting_rows = await conn.fetch(q["dependency_insert_from_staging"])
+            if finished:
+                await run(conn, q, release(finished))
+                waiting_rows = await conn.fetch(q["dependency_jobs_get"],
+                                                [r["id"] for r in waiting_rows])
+    return sorted([*rows, *waiting_rows], key=lambda r: int(r["id"]))
 
 
 async def insert_graph(conn: Conn, q: Queries,
