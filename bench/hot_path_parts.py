@@ -78,6 +78,10 @@ BEGIN
     RETURN NULL;
 END $$"""
 
+DEPENDENTS_TRIGGER = ("CREATE TRIGGER jobs_done_dependents AFTER INSERT ON awa.jobs_done"
+                      " FOR EACH ROW WHEN (NEW.metadata ?| '{_awa_dependents,_awa_waited}'::text[])"
+                      " EXECUTE FUNCTION awa.dependents_on_finish()")
+
 VARIANTS: dict[str, Variant] = {
     "base": Variant(),
     # Migration 0012's waiters trigger back (0018 replaced it): statement-level,
@@ -98,10 +102,10 @@ VARIANTS: dict[str, Variant] = {
         undo=["DROP TRIGGER jobs_notify_waiter_row ON awa.jobs",
               "DROP FUNCTION awa.notify_waiter_row()",
               "ALTER TABLE awa.jobs DROP COLUMN waited"]),
-    # No trigger on the finished rows (neither dependents nor, since 0018, waiters).
+    # No dependents trigger on the finished rows (since 0018 it wakes waiters too).
     "no_dependents_trigger": Variant(
-        setup=["ALTER TABLE awa.jobs_done DISABLE TRIGGER jobs_done_dependents"],
-        undo=["ALTER TABLE awa.jobs_done ENABLE TRIGGER jobs_done_dependents"]),
+        setup=["DROP TRIGGER jobs_done_dependents ON awa.jobs_done"],
+        undo=[DEPENDENTS_TRIGGER]),
     "no_key_indexes": Variant(
         setup=["DROP INDEX awa.jobs_concurrency_claim_idx",
                "DROP INDEX awa.jobs_concurrency_slot_idx"],
