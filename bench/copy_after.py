@@ -18,8 +18,10 @@ medians are reported, with the ratio this/baseline, in
 
 ``--mixed K``: instead, mixed calls, both checkouts: every K-th job waits for
 the parent (``opts[i] = {"after": [parent]}``), the others for nothing, through
-``enqueue_many_copy``, ``insert_many_copy`` and ``insert_many``; the table is
-printed with a date, to be added to ``bench/results/copy_after.md`` by hand.
+``enqueue_many_copy``, ``insert_many_copy`` and ``insert_many``, each timed
+after a small mixed call of the same kind (statements prepared, as in a
+running producer); the table is printed with a date, to be added to
+``bench/results/copy_after.md`` by hand.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ async def _child(url: str, mode: str, jobs: int) -> float:
                            for n in range(jobs)]}
         method = client.enqueue_many_copy if mode.startswith("enqueue") else \
             client.insert_many if mode.startswith("many") else client.insert_many_copy
+        if "_mixed" in mode:  # a producer's steady state: its statements already prepared
+            await method(batch[:every * 2], queue="warm",
+                         opts=[{"after": [parent]} if n % every == 0 else None
+                               for n in range(every * 2)])
         started = time.perf_counter()
         await method(batch, queue="bench", **kw)
         return time.perf_counter() - started

@@ -249,25 +249,47 @@ async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                             copy: bool | None = None) -> list[J]:
     """`producer.insert_many` for a batch where ``parents[i]`` is what job ``i`` waits
     for (None: nothing): the same checks and atomicity as `insert_after`, one
-    lock statement and one staged insert (with the edges) for the jobs that
-    wait; the others take `producer.insert_many`'s path (``copy`` as there) in
-    the same transaction. The jobs come back in the order of ``jobs``."""
-    if all(p is not None for p in parents):
-        rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
+    lock statement, then the jobs and their edges in one statement: the
+    columns as arrays (``copy`` as in `producer.insert_many`: by size), or
+    staged by COPY. The jobs come back in the order of ``jobs``."""
+    if producer.one_statement(jobs, copy):
+        rows = await _insert_array(conn, q, jobs, parents)
     else:
-        rows = await _insert_mixed(conn, q, jobs, parents, copy)
+        rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted
 
 
+async def _insert_array(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                        parents: Sequence[Parents | None]) -> list[Any]:
+    """`_insert_staged` without the staging table: ``dependency_insert_many``, the
+    batch as arrays (the jobs that wait parked), one round trip."""
+    ready = [job if p is None else parked(job, has_parents=True, has_children=False)
+             for job, p in zip(jobs, parents, strict=True)]
+    after = [None if p is None else "{" + ",".join(map(str, p[0])) + "}" for p in parents]
+    policies = [None if p is None else p[1] for p in parents]
+    with translated():
+        async with conn.transaction():
+            finished = await _lock_parents(conn, q, parents)
+            rows = await conn.fetch(q["dependency_insert_many"],
+                                    *producer.array_params(ready), after, policies)
+            if finished:
+                await run(conn, q, release(finished))
+                rows = await conn.fetch(q["dependency_jobs_get"], [r["id"] for r in rows])
+    return list(rows)
+
+
 async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                           parents: Sequence[Parents | None]) -> int:
-    """`insert_many_after` answering only how many jobs it inserted (no rows sent
-    back: `enqueue_many_copy`); the jobs that wait for nothing go by binary COPY."""
+    """`insert_many_after` answering only how many jobs it inserted (`enqueue_many_copy`):
+    a small batch as one statement; a larger one with the jobs that wait for
+    nothing by binary COPY straight into the jobs table, the others staged."""
     if any(j.unique_key is not None for j in jobs):  # which ones were skipped: the rows say
-        return len(await insert_many_after(conn, q, jobs, parents, copy=True))
-    if all(p is not None for p in parents):
+        return len(await insert_many_after(conn, q, jobs, parents))
+    if producer.one_statement(jobs, None):
+        count = len(await _insert_array(conn, q, jobs, parents))
+    elif all(p is not None for p in parents):
         rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
         count = int(rows[0]["inserted"])
     else:
@@ -312,32 +334,6 @@ async def _reserve(conn: Conn, q: Queries, parents: Sequence[Parents | None]
     row = await conn.fetchrow(q["job_ids_reserve"], len(parents))
     assert row is not None
     return finished, list(row["ids"])
-
-
-async def _insert_mixed(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
-                        parents: Sequence[Parents | None], copy: bool | None) -> list[Any]:
-    """A batch where some jobs wait and some do not, in one transaction: the
-    parents locked and checked, an id reserved per job, the jobs that wait for
-    nothing by `producer.insert_rows` (one statement, or COPY to staging), the
-    others staged with their edges; the rows in the order of ``jobs``."""
-    plain, waiting = _split(parents)
-    plain_jobs = [jobs[i] for i in plain]
-    records = _staged([jobs[i] for i in waiting], [parents[i] for i in waiting])
-    with translated():
-        async with conn.transaction():
-            finished, ids = await _reserve(conn, q, parents)
-            rows = await producer.insert_rows(conn, q, plain_jobs, copy, [ids[i] for i in plain])
-            if producer.staged(plain_jobs, copy):
-                await conn.execute(q["job_staging_drop"])
-            await producer.stage(conn, q, [(*r, ids[i]) for r, i in zip(records, waiting,
-                                                                       strict=True)],
-                                 with_parents=True, with_ids=True)
-            waiting_rows = await conn.fetch(q["dependency_insert_from_staging"])
-            if finished:
-                await run(conn, q, release(finished))
-                waiting_rows = await conn.fetch(q["dependency_jobs_get"],
-                                                [r["id"] for r in waiting_rows])
-    return sorted([*rows, *waiting_rows], key=lambda r: int(r["id"]))
 
 
 async def insert_graph(conn: Conn, q: Queries,

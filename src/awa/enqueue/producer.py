@@ -293,13 +293,13 @@ async def stage(conn: Conn, q: Queries, records: list[tuple[Any, ...]], *,
 ONE_STATEMENT_MAX = 1000
 
 
-def _array_params(jobs: Sequence[PreparedJob], ids: Sequence[int] | None) -> tuple[Any, ...]:
+def array_params(jobs: Sequence[PreparedJob]) -> tuple[Any, ...]:
     """Bind parameters of ``job_insert_many``: one array per column."""
     tags = jobs[0].tags
     shared_tags = all(j.tags is tags or j.tags == tags for j in jobs)
     cols: list[Sequence[Any]] = list(zip(*(j.insert_params() for j in jobs), strict=True))
     cols[6] = [None] * len(jobs) if shared_tags else [dumps(j.tags, "tags") for j in jobs]
-    return (*cols, tags if shared_tags else None, ids)
+    return (*cols, tags if shared_tags else None)
 
 
 async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
@@ -308,34 +308,25 @@ async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     """Insert a batch, skipping duplicate unique keys, returning the inserted jobs.
 
     ``copy``: COPY into a staging table, then insert (True); one statement with
-    the columns as arrays (False); None: by size (`ONE_STATEMENT_MAX`)."""
+    the columns as arrays (False); None: by size (`one_statement`)."""
     if not jobs:
         return []
     with translated():
-        rows = await insert_rows(conn, q, jobs, copy)
+        if one_statement(jobs, copy):
+            rows = await conn.fetch(q["job_insert_many"], *array_params(jobs))
+        else:
+            async with conn.transaction():
+                await stage(conn, q, [j.insert_params() for j in jobs])
+                rows = await conn.fetch(q["job_insert_from_staging"])
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted
 
 
-def staged(jobs: Sequence[PreparedJob], copy: bool | None) -> bool:
-    """Whether `insert_rows` goes through the staging table for ``jobs``."""
-    return len(jobs) > ONE_STATEMENT_MAX if copy is None else copy
-
-
-async def insert_rows(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
-                      copy: bool | None, ids: Sequence[int] | None = None) -> list[Any]:
-    """`insert_many`'s statements (errors untranslated): the inserted rows, in the
-    order of ``jobs`` (a job skipped for its unique key has none), with the ids
-    reserved for them (``job_ids_reserve``) if given. The staging table, when
-    used (`staged`), lives until the transaction ends."""
-    if not staged(jobs, copy):
-        return list(await conn.fetch(q["job_insert_many"], *_array_params(jobs, ids)))
-    records = [j.insert_params() for j in jobs] if ids is None else \
-        [(*j.insert_params(), i) for j, i in zip(jobs, ids, strict=True)]
-    async with conn.transaction():
-        await stage(conn, q, records, with_ids=ids is not None)
-        return list(await conn.fetch(q["job_insert_from_staging"]))
+def one_statement(jobs: Sequence[PreparedJob], copy: bool | None) -> bool:
+    """Whether a bulk insert of ``jobs`` sends them as one statement (the columns as
+    arrays) rather than by COPY to a staging table (``copy``: None: by size)."""
+    return len(jobs) <= ONE_STATEMENT_MAX if copy is None else not copy
 
 
 _COPY_MANY_COLUMNS = ("kind", "queue", "args", "state", "run_at", "priority", "max_attempts",

@@ -85,11 +85,9 @@ RETURNING *
 -- A small batch in one statement (one round trip, no staging table): the
 -- columns as arrays, one element per job. Tags travel as one JSON array per
 -- job (arrays of arrays must be rectangular); $14, when not null, is the tag
--- list every job shares. $15: ids reserved by job_ids_reserve, or NULL (the
--- next ones). Duplicates are skipped as in job_insert_from_staging.
+-- list every job shares. Duplicates are skipped as in job_insert_from_staging.
 WITH src AS MATERIALIZED (
-    SELECT coalesce(s.job_id, nextval(pg_get_serial_sequence('awa.jobs', 'id'))) AS id,
-           s.kind, s.queue,
+    SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.kind, s.queue,
            s.args::jsonb AS args, s.run_at, s.priority, s.max_attempts,
            coalesce($14::text[], ARRAY(SELECT jsonb_array_elements_text(s.tags::jsonb)))
                AS tags,
@@ -99,10 +97,10 @@ WITH src AS MATERIALIZED (
                AS state
     FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::smallint[],
                 $6::smallint[], $7::text[], $8::text[], $9::bytea[], $10::smallint[],
-                $11::text[], $12::text[], $13::integer[], $15::bigint[])
+                $11::text[], $12::text[], $13::integer[])
          WITH ORDINALITY AS s(kind, queue, args, run_at, priority, max_attempts, tags,
                               metadata, unique_key, unique_states, ordering_key,
-                              concurrency_key, concurrency_limit, job_id, ord)
+                              concurrency_key, concurrency_limit, ord)
     ORDER BY s.ord
 ), {{unique_claimed}}
 {{staging_insert}}
@@ -246,8 +244,3 @@ SELECT set_config('awa.defer_notify', 'on', true)
 -- call's order, whichever statement inserts it.
 SELECT array_agg(nextval(pg_get_serial_sequence('awa.jobs', 'id')) ORDER BY g) AS ids
 FROM generate_series(1, $1) g
-
--- name: job_staging_drop
--- A second staged insert in one transaction (a bulk call whose jobs without
--- after= went through the staging table first) needs the table afresh.
-DROP TABLE awa_job_staging
