@@ -262,9 +262,11 @@ async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
 
 
 async def _insert_array(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
-                        parents: Sequence[Parents | None]) -> list[Any]:
-    """`_insert_staged` without the staging table: ``dependency_insert_many``, the
-    batch as arrays (the jobs that wait parked), one round trip."""
+                        parents: Sequence[Parents | None],
+                        statement: str = "dependency_insert_many") -> list[Any]:
+    """`_insert_staged` without the staging table: ``statement`` (``dependency_insert_many``
+    or ``dependency_count_many``) over the batch as arrays (the jobs that wait
+    parked), one round trip."""
     ready = [job if p is None else parked(job, has_parents=True, has_children=False)
              for job, p in zip(jobs, parents, strict=True)]
     after = [None if p is None else "{" + ",".join(map(str, p[0])) + "}" for p in parents]
@@ -272,11 +274,13 @@ async def _insert_array(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     with translated():
         async with conn.transaction():
             finished = await _lock_parents(conn, q, parents)
-            rows = await conn.fetch(q["dependency_insert_many"],
-                                    *producer.array_params(ready), after, policies)
+            rows = await conn.fetch(q[statement], *producer.array_params(ready), after,
+                                    policies)
             if finished:
                 await run(conn, q, release(finished))
-                rows = await conn.fetch(q["dependency_jobs_get"], [r["id"] for r in rows])
+                if statement == "dependency_insert_many":
+                    rows = await conn.fetch(q["dependency_jobs_get"],
+                                            [r["id"] for r in rows])
     return list(rows)
 
 
@@ -288,7 +292,8 @@ async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     if any(j.unique_key is not None for j in jobs):  # which ones were skipped: the rows say
         return len(await insert_many_after(conn, q, jobs, parents))
     if producer.one_statement(jobs, None):
-        count = len(await _insert_array(conn, q, jobs, parents))
+        rows = await _insert_array(conn, q, jobs, parents, "dependency_count_many")
+        count = int(rows[0]["inserted"])
     elif all(p is not None for p in parents):
         rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
         count = int(rows[0]["inserted"])

@@ -60,12 +60,11 @@ ins AS (
 ), {{staging_edges}}
 SELECT * FROM ins ORDER BY id
 
--- name: dependency_insert_many
--- job_insert_many for a small batch where some jobs wait for others: every
--- job in one statement, in the batch's order, with the edges of those that
--- wait ($15: each job's parent ids as an array literal, NULL for none; $16:
--- its on_parent_failure). No staging table: one round trip.
-WITH src AS MATERIALIZED (
+-- fragment: dependency_array_src
+-- job_insert_many's src, for a batch where some jobs wait for others: $15
+-- holds each job's parent ids as an array literal (NULL: none), $16 its
+-- on_parent_failure.
+src AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.kind, s.queue,
            s.args::jsonb AS args, s.run_at, s.priority, s.max_attempts,
            coalesce($14::text[], ARRAY(SELECT jsonb_array_elements_text(s.tags::jsonb)))
@@ -83,12 +82,28 @@ WITH src AS MATERIALIZED (
                               concurrency_key, concurrency_limit, after, on_parent_failure,
                               ord)
     ORDER BY s.ord
-), {{unique_claimed}},
+)
+
+-- name: dependency_insert_many
+-- job_insert_many for a small batch where some jobs wait for others: every
+-- job in one statement, in the batch's order, with the edges of those that
+-- wait. No staging table: one round trip. The inserted rows.
+WITH {{dependency_array_src}}, {{unique_claimed}},
 ins AS (
     {{staging_insert}}
     RETURNING *
 ), {{staging_edges}}
 SELECT * FROM ins ORDER BY id
+
+-- name: dependency_count_many
+-- dependency_insert_many answering only how many jobs it inserted
+-- (enqueue_many_copy: no rows to send back).
+WITH {{dependency_array_src}}, {{unique_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING id
+), {{staging_edges}}
+SELECT count(*) AS inserted FROM ins
 
 -- name: dependency_count_from_staging
 -- dependency_insert_from_staging answering only how many jobs it inserted
