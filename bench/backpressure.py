@@ -10,9 +10,10 @@ recreated):
    100,000 available jobs (µs per insert, median of rounds);
 2. the depth count alone (``client.queue_depth``) for caps 1,000 / 10,000 /
    100,000 at a 100,000-job backlog;
-3. the server time of a finishing statement (a DELETE from awa.jobs of 1 or
-   32 jobs) with the waiters trigger disabled, enabled with nobody waiting,
-   and with 100 / 1,000 waiters parked on other jobs;
+3. the server time of a finishing statement (1 or 32 jobs moved from
+   awa.jobs to awa.jobs_done) with the finished-row trigger that wakes
+   waiters (0018; it also releases dependents) disabled, enabled with nobody
+   waiting, and with 100 / 1,000 waiters parked on other jobs;
 4. a one-worker drain (concurrency 32, no-op handler) with the trigger
    disabled, enabled with nobody waiting, and with 100 waiters parked.
 
@@ -116,17 +117,26 @@ BEGIN
     SELECT array_agg(id ORDER BY id) INTO ids FROM awa.jobs WHERE queue = 'trig';
     started := clock_timestamp();
     FOR i IN 0 .. statements - 1 LOOP
-        DELETE FROM awa.jobs WHERE id = ANY(ids[i * batch + 1 : (i + 1) * batch]);
+        WITH moved AS (DELETE FROM awa.jobs j
+                       WHERE id = ANY(ids[i * batch + 1 : (i + 1) * batch]) RETURNING j)
+        INSERT INTO awa.jobs_done SELECT f.* FROM moved m,
+            LATERAL awa.finished(m.j, 'completed', interval '1 day') f;
     END LOOP;
     RETURN extract(epoch FROM clock_timestamp() - started) * 1e6 / statements;
 END $$
 """
 
 
+def _toggle(on: bool) -> str:
+    """Enable or disable the trigger that wakes waiters (0018: on the finished row)."""
+    return (f"ALTER TABLE awa.jobs_done {'ENABLE' if on else 'DISABLE'}"
+            " TRIGGER jobs_done_dependents")
+
+
 async def trigger_costs(url: str, rounds: int) -> dict[tuple[int, int], float]:
-    """Server time per finishing statement (a DELETE of ``batch`` jobs from awa.jobs,
-    as every finish does) with the waiters trigger enabled and disabled, nobody
-    waiting. Timed inside the server (a plpgsql loop, no commit per statement),
+    """Server time per finishing statement (``batch`` jobs moved from awa.jobs to
+    awa.jobs_done, as every finish does) with the waiters trigger enabled and
+    disabled, nobody waiting. Timed inside the server (a plpgsql loop, no commit per statement),
     so neither the network nor fsync blurs the difference."""
     out: dict[tuple[int, int], list[float]] = {}
     statements = 2000
@@ -137,7 +147,7 @@ async def trigger_costs(url: str, rounds: int) -> dict[tuple[int, int], float]:
             for batch in (1, 32):
                 # (waiters parked on other jobs, trigger enabled); waiters=-1: disabled
                 for waiters in (0, -1, 100, 1000):
-                    await conn.execute("TRUNCATE awa.jobs, awa.job_waiters")
+                    await conn.execute("TRUNCATE awa.jobs, awa.jobs_done, awa.job_waiters")
                     await conn.execute(
                         "INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts) "
                         "SELECT 'noop', CASE WHEN g <= $2 THEN 'parked' ELSE 'trig' END, '{}', "
@@ -147,13 +157,11 @@ async def trigger_costs(url: str, rounds: int) -> dict[tuple[int, int], float]:
                         "INSERT INTO awa.job_waiters (job_id, expires_at) "
                         "SELECT id, 'infinity' FROM awa.jobs WHERE queue = 'parked'")
                     await conn.execute("ANALYZE awa.job_waiters")
-                    await conn.execute("ALTER TABLE awa.jobs "
-                                       f"{'DISABLE' if waiters < 0 else 'ENABLE'} "
-                                       "TRIGGER jobs_notify_waiters")
+                    await conn.execute(_toggle(waiters >= 0))
                     per = await conn.fetchval("SELECT pg_temp.timed_deletes($1, $2)",
                                               batch, statements)
                     out.setdefault((batch, waiters), []).append(per)
-        await conn.execute("ALTER TABLE awa.jobs ENABLE TRIGGER jobs_notify_waiters")
+        await conn.execute(_toggle(True))
     finally:
         await conn.close()
     medians = {k: statistics.median(v) for k, v in out.items()}
@@ -168,9 +176,8 @@ async def _drain(url: str, n: int, waiters: int) -> float:
     """One drain's jobs/s; ``waiters`` parked on other jobs (-1: trigger disabled)."""
     async with awa.AsyncClient(url) as client:
         pool = await client.pool()
-        await pool.execute("TRUNCATE awa.jobs, awa.job_waiters")
-        await pool.execute("ALTER TABLE awa.jobs "
-                           f"{'DISABLE' if waiters < 0 else 'ENABLE'} TRIGGER jobs_notify_waiters")
+        await pool.execute("TRUNCATE awa.jobs, awa.jobs_done, awa.job_waiters")
+        await pool.execute(_toggle(waiters >= 0))
         waiters = max(waiters, 0)
         parked = []
         if waiters:

@@ -18,6 +18,7 @@ from tests.pgbouncer import SKIP_REASON, PgBouncer, binary
 
 import awa
 from awa.core.results import InsertedJob
+from awa.db.queries import queries
 
 #: A poll this slow never fires within a test: a prompt return means NOTIFY woke it.
 NO_POLL = 600.0
@@ -228,6 +229,13 @@ async def test_jobs_finishing_while_their_waiters_register(client: awa.AsyncClie
     sentinel.cancel()
 
 
+#: A finish as every finishing statement does it: the active row deleted.
+FINISH = """
+    WITH moved AS (DELETE FROM awa.jobs j WHERE id = $1 RETURNING j)
+    INSERT INTO awa.jobs_done SELECT f.* FROM moved m,
+        LATERAL awa.finished(m.j, 'completed', interval '1 day') f"""
+
+
 async def test_a_finish_in_flight_during_registration_is_not_missed(
         client: awa.AsyncClient, database_url: str) -> None:
     """The race itself, held open: a transaction has finished the job (its trigger
@@ -244,10 +252,7 @@ async def test_a_finish_in_flight_during_registration_is_not_missed(
     try:
         tx = finisher.transaction()
         await tx.start()
-        await finisher.execute("""
-            WITH moved AS (DELETE FROM awa.jobs j WHERE id = $1 RETURNING j)
-            INSERT INTO awa.jobs_done SELECT f.* FROM moved m,
-                LATERAL awa.finished(m.j, 'completed', interval '1 day') f""", job.id)
+        await finisher.execute(FINISH, job.id)
         waiting = asyncio.create_task(job.wait(timeout=NO_POLL, poll_interval=NO_POLL))
         pool = await client.pool()
 
@@ -263,6 +268,60 @@ async def test_a_finish_in_flight_during_registration_is_not_missed(
     finally:
         await finisher.close()
         sentinel.cancel()
+
+
+async def test_only_the_finish_of_a_waited_on_job_runs_a_trigger_function(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """Jobs nobody waits on do not pay for awaitable results (issue 33): their
+    finish calls no plpgsql function at all (0018: the finished row's trigger
+    is filtered in C); the finish of a registered job does, and that notifies
+    and unregisters."""
+    plain = await client.insert(Work(1), queue="held")
+    waited = await client.insert(Work(2), queue="held")
+    assert await conn.fetchval(queries()["result_register"], waited.id, None) == waited.id
+    await conn.execute("LISTEN awa_result")
+    heard: list[str] = []
+    await conn.add_listener("awa_result", lambda *args: heard.append(args[3]))
+    calls = []
+    for job in (plain, waited):
+        async with conn.transaction():
+            await conn.execute("SET LOCAL track_functions = 'pl'")
+            await conn.execute(FINISH, job.id)
+            calls.append(await conn.fetchval(
+                "SELECT coalesce(sum(pg_stat_get_xact_function_calls(oid)), 0) FROM pg_proc"
+                " WHERE pronamespace = 'awa'::regnamespace"))
+    assert calls[0] == 0 and calls[1] > 0
+    await wait_until(lambda: _value(heard == [str(waited.id)]), message="the NOTIFY")
+    assert await conn.fetchval("SELECT count(*) FROM awa.job_waiters") == 0
+
+
+async def test_a_registration_in_flight_during_a_finish_is_not_missed(
+        client: awa.AsyncClient, database_url: str) -> None:
+    """The other order of the race: the registration has marked the row but not
+    committed when the job finishes. The finish waits for it on the row lock,
+    then deletes the marked row, and its trigger finds the waiter."""
+    job = await client.insert(Work(1), queue="held")
+    registrar = await asyncpg.connect(database_url)
+    finisher = await asyncpg.connect(database_url)
+    try:
+        await finisher.execute("LISTEN awa_result")
+        heard: list[str] = []
+        await finisher.add_listener("awa_result", lambda *args: heard.append(args[3]))
+        tx = registrar.transaction()
+        await tx.start()
+        assert await registrar.fetchval(queries()["result_register"], job.id, None) == job.id
+        finishing = asyncio.create_task(finisher.execute(FINISH, job.id))
+        pool = await client.pool()
+        await wait_until(lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"), message="the finish waiting on the lock")
+        await tx.commit()
+        assert await asyncio.wait_for(finishing, PROMPT) == "INSERT 0 1"
+        await wait_until(lambda: _value(heard == [str(job.id)]), message="the NOTIFY")
+        assert await pool.fetchval("SELECT count(*) FROM awa.job_waiters") == 0
+    finally:
+        await registrar.close()
+        await finisher.close()
 
 
 async def test_an_inserted_job_is_still_a_plain_job(client: awa.AsyncClient) -> None:

@@ -244,7 +244,7 @@ async def _true(value: bool) -> bool:
 WRITERS = ("ensure_done_partitions(timestamptz)",
            "ensure_done_partitions(timestamptz, timestamptz)",
            "drop_done_partitions(timestamptz)", "unique_claim_sync()",
-           "unique_claim_release()", "notify_inserted()", "notify_waiters()")
+           "unique_claim_release()", "notify_inserted()", "wake_waiters(bigint)")
 
 
 async def test_migrate_alone_leaves_no_writing_function_to_public(roles: Roles) -> None:

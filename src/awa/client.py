@@ -282,7 +282,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
                                                       copy=True)
             else:
                 inserted = await dependencies.insert_many_after(conn, self._q, prepared, parents,
-                                                                InsertedJob)
+                                                                InsertedJob, copy=True)
         return [InsertedJob.attach(j, async_waiter=self.wait_for, depth=depths.get(j.queue))
                 for j in inserted]
 

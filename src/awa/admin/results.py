@@ -2,9 +2,10 @@
 
 `ResultWaiter` is a client's one place for every ``wait_for`` in flight:
 
-- **Registration.** A waiter adds its job to ``awa.job_waiters`` (locking the
-  job row so its finish cannot slip past; see migration 0012), then reads the
-  job once: it may already be finished.
+- **Registration.** A waiter adds its job to ``awa.job_waiters`` and marks the
+  job (``metadata._awa_waited``: its finished row wakes the waiters; marking
+  locks the row, so its finish cannot slip past; migrations 0012, 0018),
+  then reads the job once: it may already be finished.
 - **Wake-ups.** Only finishes of registered jobs send ``NOTIFY awa_result``
   (payload: the job id), so jobs nobody waits on cost no NOTIFY. One LISTEN
   connection per client receives them (`awa.db.listener.Listener`, the same

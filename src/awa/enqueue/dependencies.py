@@ -230,11 +230,9 @@ async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     """Check the parents, stage the batch and run ``statement`` over it, then apply
     the parents already finished; the statement's rows (re-read if any applied)."""
     records = _staged(jobs, parents)
-    waiting = [p for p in parents if p is not None]
-    wanted = list(dict.fromkeys(i for ids, _ in waiting for i in ids))
     with translated():
         async with conn.transaction():
-            finished = await run(conn, q, check_parents(wanted, waiting))
+            finished = await _lock_parents(conn, q, parents)
             await producer.stage(conn, q, records, with_parents=True)
             found = await conn.fetch(q[statement])
             if finished:
@@ -247,25 +245,100 @@ async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
 
 async def insert_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                             parents: Sequence[Parents | None],
-                            job_type: type[J] = Job) -> list[J]:  # type: ignore[assignment]
+                            job_type: type[J] = Job,  # type: ignore[assignment]
+                            copy: bool | None = None) -> list[J]:
     """`producer.insert_many` for a batch where ``parents[i]`` is what job ``i`` waits
     for (None: nothing): the same checks and atomicity as `insert_after`, one
-    lock statement and one staged insert (with the edges) for the whole batch."""
-    rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
+    lock statement, then the jobs and their edges in one statement: the
+    columns as arrays (``copy`` as in `producer.insert_many`: by size), or
+    staged by COPY. The jobs come back in the order of ``jobs``."""
+    if producer.one_statement(jobs, copy):
+        rows = await _insert_array(conn, q, jobs, parents)
+    else:
+        rows = await _insert_staged(conn, q, jobs, parents, "dependency_insert_from_staging")
     inserted: list[J] = [job_type.from_row(r) for r in rows]  # type: ignore[misc]
     telemetry.inserted_jobs(inserted)
     return inserted
 
 
+async def _insert_array(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
+                        parents: Sequence[Parents | None],
+                        statement: str = "dependency_insert_many") -> list[Any]:
+    """`_insert_staged` without the staging table: ``statement`` (``dependency_insert_many``
+    or ``dependency_count_many``) over the batch as arrays (the jobs that wait
+    parked), one round trip."""
+    ready = [job if p is None else parked(job, has_parents=True, has_children=False)
+             for job, p in zip(jobs, parents, strict=True)]
+    after = [None if p is None else "{" + ",".join(map(str, p[0])) + "}" for p in parents]
+    policies = [None if p is None else p[1] for p in parents]
+    with translated():
+        async with conn.transaction():
+            finished = await _lock_parents(conn, q, parents)
+            rows = await conn.fetch(q[statement], *producer.array_params(ready), after,
+                                    policies)
+            if finished:
+                await run(conn, q, release(finished))
+                if statement == "dependency_insert_many":
+                    rows = await conn.fetch(q["dependency_jobs_get"],
+                                            [r["id"] for r in rows])
+    return list(rows)
+
+
 async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                           parents: Sequence[Parents | None]) -> int:
-    """`insert_many_after` answering only how many jobs it inserted (no rows sent
-    back: `enqueue_many_copy`)."""
+    """`insert_many_after` answering only how many jobs it inserted (`enqueue_many_copy`):
+    a small batch as one statement; a larger one with the jobs that wait for
+    nothing by binary COPY straight into the jobs table, the others staged."""
     if any(j.unique_key is not None for j in jobs):  # which ones were skipped: the rows say
         return len(await insert_many_after(conn, q, jobs, parents))
-    rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
+    if producer.one_statement(jobs, None):
+        rows = await _insert_array(conn, q, jobs, parents, "dependency_count_many")
+        count = int(rows[0]["inserted"])
+    elif all(p is not None for p in parents):
+        rows = await _insert_staged(conn, q, jobs, parents, "dependency_count_from_staging")
+        count = int(rows[0]["inserted"])
+    else:
+        plain, waiting = _split(parents)
+        records = _staged([jobs[i] for i in waiting], [parents[i] for i in waiting])
+        with translated():
+            async with conn.transaction():
+                finished, ids = await _reserve(conn, q, parents)
+                count = await producer.copy_records(conn, q, [jobs[i] for i in plain],
+                                                    ids=[ids[i] for i in plain])
+                await producer.stage(conn, q, [(*r, ids[i]) for r, i in zip(records, waiting,
+                                                                           strict=True)],
+                                     with_parents=True, with_ids=True)
+                row = await conn.fetchrow(q["dependency_count_from_staging"])
+                assert row is not None
+                count += int(row["inserted"])
+                if finished:
+                    await run(conn, q, release(finished))
     telemetry.inserted_jobs(jobs)
-    return int(rows[0]["inserted"])
+    return count
+
+
+def _split(parents: Sequence[Parents | None]) -> tuple[list[int], list[int]]:
+    """The positions of the jobs that wait for nothing, and of those that wait."""
+    plain = [i for i, p in enumerate(parents) if p is None]
+    return plain, [i for i, p in enumerate(parents) if p is not None]
+
+
+async def _lock_parents(conn: Conn, q: Queries, parents: Sequence[Parents | None]) -> Finished:
+    """`check_parents` for the parents the waiting jobs name, each once."""
+    children = [p for p in parents if p is not None]
+    wanted = list(dict.fromkeys(i for ids, _ in children for i in ids))
+    return await run(conn, q, check_parents(wanted, children))
+
+
+async def _reserve(conn: Conn, q: Queries, parents: Sequence[Parents | None]
+                   ) -> tuple[Finished, list[int]]:
+    """A mixed batch's first statements: its parents checked and locked, then an
+    id per job in the batch's order, so the jobs keep that order whichever path
+    inserts them."""
+    finished = await _lock_parents(conn, q, parents)
+    row = await conn.fetchrow(q["job_ids_reserve"], len(parents))
+    assert row is not None
+    return finished, list(row["ids"])
 
 
 async def insert_graph(conn: Conn, q: Queries,

@@ -274,13 +274,16 @@ _COPY_COLUMNS = ("kind", "queue", "args", "run_at", "priority", "max_attempts", 
 
 
 async def stage(conn: Conn, q: Queries, records: list[tuple[Any, ...]], *,
-                with_parents: bool = False) -> None:
+                with_parents: bool = False, with_ids: bool = False) -> None:
     """COPY job records (`PreparedJob.insert_params`) into a staging table that lives
-    until the transaction ends; ``with_parents``: each record ends with the job's
-    parent ids and policy (`dependencies.insert_many_after`)."""
+    until the transaction ends; ``with_parents``: each record goes on with the
+    job's parent ids and policy (`dependencies.insert_many_after`); ``with_ids``:
+    then with the id reserved for it (``job_ids_reserve``)."""
     await conn.execute(q["job_staging_create"])
     columns = (*_COPY_COLUMNS, "after_ids", "on_parent_failure") if with_parents \
         else _COPY_COLUMNS
+    if with_ids:
+        columns = (*columns, "job_id")
     await conn.copy_records_to_table("awa_job_staging", records=records, columns=columns)
 
 
@@ -290,7 +293,7 @@ async def stage(conn: Conn, q: Queries, records: list[tuple[Any, ...]], *,
 ONE_STATEMENT_MAX = 1000
 
 
-def _array_params(jobs: Sequence[PreparedJob]) -> tuple[Any, ...]:
+def array_params(jobs: Sequence[PreparedJob]) -> tuple[Any, ...]:
     """Bind parameters of ``job_insert_many``: one array per column."""
     tags = jobs[0].tags
     shared_tags = all(j.tags is tags or j.tags == tags for j in jobs)
@@ -305,14 +308,12 @@ async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     """Insert a batch, skipping duplicate unique keys, returning the inserted jobs.
 
     ``copy``: COPY into a staging table, then insert (True); one statement with
-    the columns as arrays (False); None: by size (`ONE_STATEMENT_MAX`)."""
+    the columns as arrays (False); None: by size (`one_statement`)."""
     if not jobs:
         return []
-    if copy is None:
-        copy = len(jobs) > ONE_STATEMENT_MAX
     with translated():
-        if not copy:
-            rows = await conn.fetch(q["job_insert_many"], *_array_params(jobs))
+        if one_statement(jobs, copy):
+            rows = await conn.fetch(q["job_insert_many"], *array_params(jobs))
         else:
             async with conn.transaction():
                 await stage(conn, q, [j.insert_params() for j in jobs])
@@ -322,16 +323,18 @@ async def insert_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
     return inserted
 
 
+def one_statement(jobs: Sequence[PreparedJob], copy: bool | None) -> bool:
+    """Whether a bulk insert of ``jobs`` sends them as one statement (the columns as
+    arrays) rather than by COPY to a staging table (``copy``: None: by size)."""
+    return len(jobs) <= ONE_STATEMENT_MAX if copy is None else not copy
+
+
 _COPY_MANY_COLUMNS = ("kind", "queue", "args", "state", "run_at", "priority", "max_attempts",
                       "tags", "metadata", "ordering_key", "concurrency_key", "concurrency_limit")
 
 
-async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
-    """The fastest bulk path: binary COPY straight into the jobs table."""
-    if any(j.unique_key is not None for j in jobs):
-        return len(await insert_many(conn, q, jobs))
-    if not jobs:
-        return 0
+def _copy_records(jobs: Sequence[PreparedJob]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The columns and records of `copy_many`'s COPY (no unique keys among ``jobs``)."""
     now = datetime.now(UTC)
     available, scheduled = JobState.Available.value, JobState.Scheduled.value
     # Jobs with no tags, metadata, ordering or concurrency key (the common
@@ -340,40 +343,59 @@ async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
     plain = not any(j.tags or j.metadata_json != "{}" or j.ordering_key is not None
                     or j.concurrency_key is not None or j.concurrency_limit is not None
                     for j in jobs)
-    records: list[tuple[Any, ...]]
-    columns: tuple[str, ...]
     if plain and all(j.run_at is None for j in jobs):
         # Due now: run_at left to its default, now() (the server's time, as
         # `job_insert` uses); the server's COPY is ~9% faster without it.
-        columns = (*_COPY_MANY_COLUMNS[:4], *_COPY_MANY_COLUMNS[5:7])
-        records = [(j.kind, j.queue, j.args_json, available, j.priority, j.max_attempts)
-                   for j in jobs]
-    elif plain:
-        columns = _COPY_MANY_COLUMNS[:7]
-        records = [(j.kind, j.queue, j.args_json,
-                    scheduled if j.run_at is not None and j.run_at > now else available,
-                    j.run_at or now, j.priority, j.max_attempts) for j in jobs]
-    else:
-        columns = _COPY_MANY_COLUMNS
-        records = [(j.kind, j.queue, j.args_json,
-                    scheduled if j.run_at is not None and j.run_at > now else available,
-                    j.run_at or now, j.priority, j.max_attempts, j.tags, j.metadata_json,
-                    j.ordering_key, j.concurrency_key, j.concurrency_limit) for j in jobs]
+        return ((*_COPY_MANY_COLUMNS[:4], *_COPY_MANY_COLUMNS[5:7]),
+                [(j.kind, j.queue, j.args_json, available, j.priority, j.max_attempts)
+                 for j in jobs])
+    if plain:
+        return (_COPY_MANY_COLUMNS[:7],
+                [(j.kind, j.queue, j.args_json,
+                  scheduled if j.run_at is not None and j.run_at > now else available,
+                  j.run_at or now, j.priority, j.max_attempts) for j in jobs])
+    return (_COPY_MANY_COLUMNS,
+            [(j.kind, j.queue, j.args_json,
+              scheduled if j.run_at is not None and j.run_at > now else available,
+              j.run_at or now, j.priority, j.max_attempts, j.tags, j.metadata_json,
+              j.ordering_key, j.concurrency_key, j.concurrency_limit) for j in jobs])
+
+
+async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
+                       begin: bool = False, ids: Sequence[int] | None = None) -> int:
+    """`copy_many`'s COPY (errors untranslated) in the transaction it opens
+    (``begin``) or in the caller's: the wake-up trigger deferred until that
+    transaction ends, each queue woken once at its commit. ``jobs`` carry no
+    unique key; ``ids``: reserved for them (``job_ids_reserve``)."""
+    columns, records = _copy_records(jobs)
+    available = JobState.Available.value
     # The row-level wake-up trigger (0014) would call pg_notify once per row:
     # defer it, and wake each queue once, in the same transaction.
     woken = sorted({r[1] for r in records if r[3] == available})
+    if ids is not None:
+        columns = ("id", *columns)
+        records = [(i, *r) for i, r in zip(ids, records, strict=True)]
+    await conn.execute(q["tx_begin_deferred_notify" if begin else "tx_defer_notify"])
+    await conn.copy_records_to_table("jobs", schema_name=q.schema, records=records,
+                                     columns=columns)
+    if woken:
+        await conn.execute(q["queue_notify"], woken)
+    return len(records)
+
+
+async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:
+    """The fastest bulk path: binary COPY straight into the jobs table."""
+    if any(j.unique_key is not None for j in jobs):
+        return len(await insert_many(conn, q, jobs))
+    if not jobs:
+        return 0
     with translated():
-        await conn.execute(q["tx_begin_deferred_notify"])
         try:
-            await conn.copy_records_to_table(
-                "jobs", schema_name=q.schema, records=records,
-                columns=columns)
-            if woken:
-                await conn.execute(q["queue_notify"], woken)
+            count = await copy_records(conn, q, jobs, begin=True)
             await conn.execute("COMMIT")
         except BaseException:
             if not conn.is_closed() and conn.is_in_transaction():
                 await conn.execute("ROLLBACK")
             raise
     telemetry.inserted_jobs(jobs)
-    return len(records)
+    return count

@@ -60,6 +60,51 @@ ins AS (
 ), {{staging_edges}}
 SELECT * FROM ins ORDER BY id
 
+-- fragment: dependency_array_src
+-- job_insert_many's src, for a batch where some jobs wait for others: $15
+-- holds each job's parent ids as an array literal (NULL: none), $16 its
+-- on_parent_failure.
+src AS MATERIALIZED (
+    SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.kind, s.queue,
+           s.args::jsonb AS args, s.run_at, s.priority, s.max_attempts,
+           coalesce($14::text[], ARRAY(SELECT jsonb_array_elements_text(s.tags::jsonb)))
+               AS tags,
+           s.metadata::jsonb AS metadata, s.unique_key, s.unique_states, s.ordering_key,
+           s.concurrency_key, s.concurrency_limit, s.after::bigint[] AS after_ids,
+           s.on_parent_failure,
+           CASE WHEN s.run_at > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
+               AS state
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::smallint[],
+                $6::smallint[], $7::text[], $8::text[], $9::bytea[], $10::smallint[],
+                $11::text[], $12::text[], $13::integer[], $15::text[], $16::text[])
+         WITH ORDINALITY AS s(kind, queue, args, run_at, priority, max_attempts, tags,
+                              metadata, unique_key, unique_states, ordering_key,
+                              concurrency_key, concurrency_limit, after, on_parent_failure,
+                              ord)
+    ORDER BY s.ord
+)
+
+-- name: dependency_insert_many
+-- job_insert_many for a small batch where some jobs wait for others: every
+-- job in one statement, in the batch's order, with the edges of those that
+-- wait. No staging table: one round trip. The inserted rows.
+WITH {{dependency_array_src}}, {{unique_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING *
+), {{staging_edges}}
+SELECT * FROM ins ORDER BY id
+
+-- name: dependency_count_many
+-- dependency_insert_many answering only how many jobs it inserted
+-- (enqueue_many_copy: no rows to send back).
+WITH {{dependency_array_src}}, {{unique_claimed}},
+ins AS (
+    {{staging_insert}}
+    RETURNING id
+), {{staging_edges}}
+SELECT count(*) AS inserted FROM ins
+
 -- name: dependency_count_from_staging
 -- dependency_insert_from_staging answering only how many jobs it inserted
 -- (enqueue_many_copy: no rows to send back).

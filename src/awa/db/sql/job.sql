@@ -37,13 +37,14 @@ CREATE TEMP TABLE awa_job_staging (
     concurrency_key   text,
     concurrency_limit integer,
     after_ids         bigint[],  -- dependency_insert_from_staging only
-    on_parent_failure text
+    on_parent_failure text,
+    job_id            bigint     -- reserved by job_ids_reserve (NULL: the next)
 ) ON COMMIT DROP
 
 -- fragment: staging_claimed
 -- The staged rows with their ids and states (src), and their unique claims.
 src AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')) AS id, s.*,
+    SELECT coalesce(s.job_id, nextval(pg_get_serial_sequence('awa.jobs', 'id'))) AS id, s.*,
            CASE WHEN s.run_at > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
                AS state
     FROM (SELECT * FROM awa_job_staging ORDER BY ord) s
@@ -231,3 +232,15 @@ SELECT pg_notify('awa_jobs', q) FROM unnest($1::text[]) AS q
 
 -- name: tx_begin_deferred_notify
 BEGIN; SELECT set_config('awa.defer_notify', 'on', true)
+
+-- name: tx_defer_notify
+-- tx_begin_deferred_notify inside a transaction already open: the per-row
+-- wake-up trigger stays off until it ends (queue_notify wakes instead).
+SELECT set_config('awa.defer_notify', 'on', true)
+
+-- name: job_ids_reserve
+-- $1 job ids, in increasing order: a bulk call whose jobs take different
+-- paths (some wait for others, some do not) gives each its place in the
+-- call's order, whichever statement inserts it.
+SELECT array_agg(nextval(pg_get_serial_sequence('awa.jobs', 'id')) ORDER BY g) AS ids
+FROM generate_series(1, $1) g

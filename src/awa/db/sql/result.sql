@@ -1,13 +1,15 @@
 -- Awaitable results: a waiter registers interest in a job (awa.job_waiters,
--- see migration 0012), is woken by NOTIFY awa_result or by its poll, and
+-- see migrations 0012 and 0018), is woken by NOTIFY awa_result or by its poll, and
 -- reads the job wherever it lives.
 
 -- name: result_register
--- Register a waiter on an active job, locking the row FOR KEY SHARE so its
--- finish cannot slip in between (0012). No row back: the job is not active
+-- Register a waiter on an active job. Marking the job (metadata._awa_waited:
+-- its finished row then wakes the waiters, 0018) also locks its row, so its
+-- finish cannot slip in between. No row back: the job is not active
 -- (finished, dead-lettered, or unknown), so read it instead of waiting.
 WITH job AS (
-    SELECT id FROM awa.jobs WHERE id = $1 FOR KEY SHARE
+    UPDATE awa.jobs SET metadata = metadata || '{"_awa_waited": true}'
+    WHERE id = $1 RETURNING id
 )
 INSERT INTO awa.job_waiters (job_id, expires_at)
 SELECT id, coalesce($2::timestamptz, 'infinity') FROM job
