@@ -140,10 +140,10 @@ c1 AS (
     ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
 )
 
--- fragment: keyed_claim_finish
--- Unkeyed jobs as attempt_claim takes them, then the claim of everything picked
--- (`keyed` holds the keyed jobs with their slots).
-{{keyed_claim_unkeyed}}, picked AS (
+-- fragment: keyed_picked
+-- What a keyed claim takes: the unkeyed candidates (c1..c4) and the keyed jobs
+-- granted a slot, ordering keys respected, in priority (aged) order.
+picked AS (
     SELECT id, slot, tid FROM (
         SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
         UNION ALL SELECT * FROM c4
@@ -158,7 +158,12 @@ c1 AS (
                   ELSE priority END,
              run_at, id
     LIMIT $2
-), claimed AS (
+)
+
+-- fragment: keyed_claim_finish
+-- Unkeyed jobs as attempt_claim takes them, then the claim of everything picked
+-- (`keyed` holds the keyed jobs with their slots).
+{{keyed_claim_unkeyed}}, {{keyed_picked}}, claimed AS (
     UPDATE awa.jobs j
     SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
         attempted_at = now(), heartbeat_at = now(), concurrency_slot = picked.slot,
@@ -388,22 +393,7 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
 -- fill the claim: the caller goes on with attempt_claim_keyed from the
 -- cursor) and `plain` (the queue had unkeyed jobs). Nothing claimed: no rows
 -- (the caller goes on with attempt_claim_keyed; see worker/keyed.py).
-WITH {{keyed_chunk_grant}}, {{keyed_claim_unkeyed}}, picked AS (
-    SELECT id, slot, tid FROM (
-        SELECT * FROM c1 UNION ALL SELECT * FROM c2 UNION ALL SELECT * FROM c3
-        UNION ALL SELECT * FROM c4
-        UNION ALL SELECT id, priority, run_at, ordering_key, slot, tid FROM keyed
-        WHERE slot <= lim) c
-    WHERE c.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM awa.jobs r
-        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
-    ORDER BY CASE WHEN $4::float8 > 0
-                  THEN greatest(1, priority - floor((date_part('epoch', now())
-                                                     - date_part('epoch', run_at)) / $4))
-                  ELSE priority END,
-             run_at, id
-    LIMIT $2
-)
+WITH {{keyed_chunk_grant}}, {{keyed_claim_unkeyed}}, {{keyed_picked}}
 {{keyed_chunk_update}}
 
 -- name: attempt_claim_keyed_only
