@@ -2,6 +2,21 @@
 -- Each outcome is one statement guarded by (id, run_lease, state = running);
 -- a guard that matches no row drops the write (the attempt went stale).
 
+-- fragment: claimed_row
+-- What a claim returns of each job it claimed: only what a running job can
+-- hold, in the order Job.from_claim unpacks it (decoding is a large part of a
+-- worker's time per job). Times come back as epoch seconds (float8, exact to
+-- the microsecond until the 23rd century): the driver builds a timestamptz at
+-- about three times the cost of datetime.fromtimestamp. Empty tags and
+-- metadata come back NULL, which costs nothing to decode.
+j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
+    j.run_lease, date_part('epoch', j.run_at) AS run_at,
+    date_part('epoch', j.created_at) AS created_at,
+    date_part('epoch', j.attempted_at) AS attempted_at,
+    date_part('epoch', j.deadline_at) AS deadline_at,
+    nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
+    j.errors, j.progress, j.unique_key, j.ordering_key
+
 -- name: attempt_claim
 -- Up to $2 jobs of queue $1, most urgent first after aging ($4 = aging
 -- interval in seconds, 0 = off), FIFO within a priority. The best candidates
@@ -55,19 +70,8 @@ SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
     attempted_at = now(), heartbeat_at = now(),
     deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
 FROM picked WHERE j.id = picked.id
--- Only what a running job can hold, in the order Job.from_claim unpacks it:
--- decoding is a large part of a worker's time per job. Times come back as
--- epoch seconds (float8, exact to the microsecond until the 23rd century):
--- the driver builds a timestamptz at about three times the cost of
--- datetime.fromtimestamp. Empty tags and metadata come back NULL, which costs
--- nothing to decode.
-RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
-          j.run_lease, date_part('epoch', j.run_at) AS run_at,
-          date_part('epoch', j.created_at) AS created_at,
-          date_part('epoch', j.attempted_at) AS attempted_at,
-          date_part('epoch', j.deadline_at) AS deadline_at,
-          nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
-          j.errors, j.progress, j.unique_key, j.ordering_key
+-- (claimed_row: only what a running job can hold; see the fragment.)
+RETURNING {{claimed_row}}
 
 -- name: attempt_unclaim
 -- Jobs claimed ahead that never started (the worker is stopping): available

@@ -171,13 +171,7 @@ picked AS (
     -- By tuple id: every picked row is locked by this statement, so the id
     -- it was locked at is its current version (the id check is a guard).
     FROM picked WHERE j.ctid = picked.tid AND j.id = picked.id
-    RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
-              j.run_lease, date_part('epoch', j.run_at) AS run_at,
-              date_part('epoch', j.created_at) AS created_at,
-              date_part('epoch', j.attempted_at) AS attempted_at,
-              date_part('epoch', j.deadline_at) AS deadline_at,
-              nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
-              j.errors, j.progress, j.unique_key, j.ordering_key,
+    RETURNING {{claimed_row}},
               j.concurrency_key, j.concurrency_limit, j.concurrency_slot
 )
 
@@ -372,13 +366,7 @@ SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
     attempted_at = now(), heartbeat_at = now(), concurrency_slot = picked.slot,
     deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
 FROM picked, w WHERE j.ctid = picked.tid AND j.id = picked.id
-RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
-          j.run_lease, date_part('epoch', j.run_at) AS run_at,
-          date_part('epoch', j.created_at) AS created_at,
-          date_part('epoch', j.attempted_at) AS attempted_at,
-          date_part('epoch', j.deadline_at) AS deadline_at,
-          nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
-          j.errors, j.progress, j.unique_key, j.ordering_key,
+RETURNING {{claimed_row}},
           j.concurrency_key, j.concurrency_limit, j.concurrency_slot,
           w.cursor, w.walk, w.plain
 
