@@ -35,6 +35,7 @@ from awa.core import states
 from awa.core.errors import JobNotFound, ValidationError, WaitTimeout
 from awa.core.model import Job
 from awa.core.validate import check_id, check_seconds
+from awa.core.waiting import wait_event, wait_signal
 from awa.db.errors import translated
 from awa.db.listener import Listener
 from awa.db.queries import Queries
@@ -103,11 +104,8 @@ class ResultWaiter:
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     raise WaitTimeout(job_id, timeout or 0.0, state)
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except TimeoutError:
-                    raise WaitTimeout(job_id, timeout or 0.0, state) from None
-                event.clear()
+                if not await wait_signal(event, remaining):
+                    raise WaitTimeout(job_id, timeout or 0.0, state)
         finally:
             self._forget(job_id, event)
             if not finished:  # a finish deletes the registration itself
@@ -173,10 +171,8 @@ class ResultWaiter:
             self._kick.clear()
             self._sleeping = self._interval()
             try:
-                await asyncio.wait_for(self._kick.wait(), self._sleeping)
-                continue  # a shorter interval arrived: wait again with it
-            except TimeoutError:
-                pass
+                if await wait_event(self._kick, self._sleeping):
+                    continue  # a shorter interval arrived: wait again with it
             finally:
                 self._sleeping = 0.0
             ids = list(self._events)

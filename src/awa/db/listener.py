@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import asyncpg
 
 from awa.core import states
+from awa.core.waiting import wait_event
 from awa.db import dsn
 from awa.db.dsn import redact
 from awa.db.pool import behind_pooler, connect
@@ -115,9 +116,7 @@ class Listener:
             arrived.set()
         await conn.add_listener(channel, received)
         await self._pool.execute(self._q["connection_notify_probe"], channel)
-        try:
-            await asyncio.wait_for(arrived.wait(), LISTEN_PROBE_TIMEOUT)
-        except TimeoutError:
+        if not await wait_event(arrived, LISTEN_PROBE_TIMEOUT):
             return False
         await conn.remove_listener(channel, received)
         return True

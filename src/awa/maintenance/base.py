@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from awa.core.waiting import wait_event
 from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.maintenance")
@@ -59,7 +60,4 @@ class PeriodicService(ABC):
                     self.failures += 1
                     _failures.failed(f"{self.name} pass", exc)
                 self.last_run_at = time.monotonic()
-            try:
-                await asyncio.wait_for(stopping.wait(), self._sleep_for())
-            except TimeoutError:
-                pass
+            await wait_event(stopping, self._sleep_for())

@@ -27,6 +27,7 @@ from awa.core.model import CallbackToken, Job
 from awa.core.options import InsertOptions
 from awa.core.states import JobState
 from awa.core.validate import check_timeout
+from awa.core.waiting import wait_event
 from awa.db.errors import translated
 from awa.db.queries import Queries
 from awa.enqueue import dependencies
@@ -371,10 +372,7 @@ class JobContext:
                 continue
             if st["state"] != "waiting_external" or self._cancelled:
                 raise CallbackWaitAborted(f"job {self.id} left the wait ({st['state']})")
-            try:
-                await asyncio.wait_for(self._wake.wait(), db.poll_interval)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, db.poll_interval)
             self._wake.clear()
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ import asyncpg
 
 from awa.core.model import Job
 from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
+from awa.core.waiting import wait_signal
 from awa.db.pool import HeldConnection
 from awa.db.queries import Queries
 from awa.telemetry import otel as telemetry
@@ -233,7 +234,6 @@ class Dispatcher:
                 self._capacity.set_hungry(name, more and want >= free)
                 if more:
                     continue
-            try:
-                await asyncio.wait_for(self._signal.wait(), timeout)
-            except TimeoutError:
-                pass
+            # Always yields, and consumes the signal: a signal set while no slot
+            # was free must not spin this loop (Python 3.12+ wait_for would).
+            await wait_signal(self._signal, timeout)
