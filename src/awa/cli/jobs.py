@@ -22,6 +22,7 @@ from awa.cli.output import (
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 from awa.cli.root import main
+from awa.core.serialize import nested_too_deeply
 from awa.enqueue import bulk
 
 yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
@@ -146,6 +147,8 @@ def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority
             count: int, chunk_size: int, full: bool, as_json: bool) -> None:
     """Enqueue ad-hoc jobs of KIND (many copies go in by COPY, a chunk at a time)."""
     try:
+        if nested_too_deeply(args_json):
+            raise RecursionError
         args = json.loads(args_json)
     except ValueError as exc:
         fail(f"--args is not JSON: {exc}")

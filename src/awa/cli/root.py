@@ -28,6 +28,7 @@ from awa.cli.output import (
 )
 from awa.cli.progress import Bar, bars_enabled
 from awa.core.errors import AwaError
+from awa.core.serialize import nested_too_deeply
 from awa.db import migrations
 from awa.db.dsn import redact
 from awa.db.errors import translated
@@ -123,6 +124,8 @@ def grants(obj: dict[str, Any], role: str, read_only: bool) -> None:
 
 def _parse_value(key: str, text: str) -> Any:
     try:
+        if nested_too_deeply(text):
+            raise RecursionError
         return json.loads(text)
     except ValueError:
         return text

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from awa.core.serialize import nested_too_deeply
 from awa.core.states import CLAIM_PLAN_LIFETIME
 from awa.db import dsn
 from awa.db.queries import queries
@@ -55,6 +56,8 @@ def _decode_jsonb(data: bytes) -> Any:
     # JSON, so the decoder reads it in place (after the version byte) as str.
     if data == b"\x01{}":
         return {}
+    if nested_too_deeply(data):  # the same rule on every Python, before any recursion
+        return UndecodableJson()
     try:
         return _JSON.raw_decode(data.decode(), 1)[0]
     except RecursionError:  # one such row must not fail the whole result

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from awa.core import callback_contract
 from awa.core.errors import CallbackNotFound, DatabaseError, SerializationError, ValidationError
+from awa.core.serialize import nested_too_deeply
 from awa.web.asgi import ASGIApp, Receive, Scope, Send, read_body, send_json
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
                 await send_json(send, 401, {"error": f"signature refused: {refused}"})
                 return
         try:
+            if nested_too_deeply(raw):
+                raise RecursionError
             body = json.loads(raw) if raw.strip() else {}
         except RecursionError:
             await send_json(send, 400, {"error": "body is nested too deeply"})

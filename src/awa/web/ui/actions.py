@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 import awa.web.ui.data as data
 from awa.admin import batch
 from awa.core.errors import JobNotFound, ValidationError
+from awa.core.serialize import nested_too_deeply
 
 if TYPE_CHECKING:
     from awa.web.ui.state import UiState
@@ -36,8 +37,11 @@ def _int(request: Request, name: str) -> int:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    if not await request.body():
+    raw = await request.body()
+    if not raw:
         return {}
+    if nested_too_deeply(raw):
+        raise ValidationError("body", "is nested too deeply")
     try:
         body = await request.json()
     except RecursionError:
