@@ -321,6 +321,12 @@ class Runtime:
             await self._runtime_pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
+    def handlers_in_threads(self) -> int:
+        """Plain ``def`` handlers still running in the thread pool (after `shutdown`:
+        the ones abandoned at its timeout, whose jobs rescue will retry). Python
+        cannot stop a thread; ``awa worker`` exits without waiting for them."""
+        return self._executor.in_threads()
+
     # -- running jobs -------------------------------------------------------------------
 
     def _launch(self, job: Job) -> None:

@@ -265,6 +265,8 @@ async function jobView(route) {
   <h2>Timeline</h2><ul class="timeline" id="timeline">${r.timeline.map((e) => `<li>
     <div><b>${esc(e.event)}</b> <span class="when">${when(e.at)}</span></div>
     ${e.detail ? `<pre>${esc(e.detail)}</pre>` : ""}</li>`).join("")}</ul>
+  ${cut.errors ? `<p class="muted">Long error text is cut (the longest has ${fmtN(cut.errors)} characters).
+    <a id="show-all-errors" href="#/jobs/${j.id}?full=1">show all</a></p>` : ""}
   <h2>Args</h2><div id="args">${big("args", j.args)}</div>
   <h2>Output</h2>${j.output === null || j.output === undefined ? `<p class="muted">None.</p>` : big("output", j.output)}
   <h2>Metadata</h2>${big("metadata", j.metadata)}`;
