@@ -14,7 +14,7 @@ function esc(v) {
   return String(v ?? "").replace(/[&<>"']/g, (c) => ({
     "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
-const fmtN = (n) => (n ?? 0).toLocaleString("en-US");
+const fmtN = (n) => esc((n ?? 0).toLocaleString("en-US"));
 const capped = (n) => (n >= state.countCap ? fmtN(n) + "+" : fmtN(n));
 function when(iso) {
   if (!iso) return "—";
@@ -312,6 +312,14 @@ async function dlqView(route) {
     ${jobRows(r.jobs, true)}${pager(route, r.next_cursor)}`;
 }
 
+// A worker's queues as it published them (any role that writes runtime_instances
+// could put anything there): every part escaped, a non-object shown as JSON.
+function queueSlots(queues) {
+  if (!queues || typeof queues !== "object") return esc(JSON.stringify(queues ?? null));
+  return Object.entries(queues).map(([n, q]) =>
+    `${esc(n)} ${esc(q && q.in_flight)}/${esc(q && q.max_workers)}`).join("<br>");
+}
+
 async function runtimeView() {
   const r = await api("runtime");
   const l = r.leader;
@@ -320,8 +328,8 @@ async function runtimeView() {
   ${r.workers.length ? `<table id="workers"><tr><th>instance</th><th>host</th><th>pid</th><th>queues</th>
     <th class="num">in flight</th><th class="num">claimed</th><th class="num">completed</th><th>listen</th><th>started</th><th>seen</th></tr>
   ${r.workers.map((w) => `<tr class="${w.stale ? "muted" : ""}"><td class="mono">${esc(w.instance_id)} ${w.is_leader ? `<span class="state running">leader</span>` : ""}
-    ${w.stale ? `<span class="state failed">stale</span>` : ""}</td><td>${esc(w.hostname)}</td><td>${w.pid}</td>
-    <td>${Object.entries(w.queues).map(([n, q]) => `${esc(n)} ${q.in_flight}/${q.max_workers}`).join("<br>")}</td>
+    ${w.stale ? `<span class="state failed">stale</span>` : ""}</td><td>${esc(w.hostname)}</td><td>${esc(w.pid)}</td>
+    <td>${queueSlots(w.queues)}</td>
     <td class="num">${fmtN(w.in_flight)}</td><td class="num">${fmtN(w.claimed)}</td><td class="num">${fmtN(w.completed)}</td>
     <td>${w.listening ? "LISTEN" : "polling"}</td><td>${when(w.started_at)}</td><td>${when(w.last_seen_at)}</td></tr>`).join("")}</table>` :
     `<p class="muted">No worker processes are running.</p>`}`;
