@@ -296,7 +296,8 @@ async function cronView() {
     <th>last fire</th><th>next fire</th><th>status</th>${mut("<th></th>")}</tr>
   ${r.cron.map((c) => `<tr data-cron="${esc(c.name)}"><td>${esc(c.name)}</td><td class="mono">${esc(c.cron_expr)} ${esc(c.timezone)}</td>
     <td>${esc(c.kind)}</td><td>${esc(c.queue)}</td><td>${when(c.last_fire_at)}</td><td>${when(c.next_fire_at)}</td>
-    <td>${c.paused ? `<span class="state failed">paused</span>` : `<span class="state completed">active</span>`}</td>
+    <td>${c.error ? `<span class="state failed">cannot fire</span> <span class="cron-error">${esc(c.error)}</span>`
+      : c.paused ? `<span class="state failed">paused</span>` : `<span class="state completed">active</span>`}</td>
     ${mut(`<td class="row">${c.paused ? btn("Resume", "cron-resume", { name: c.name }) : btn("Pause", "cron-pause", { name: c.name })}
       ${btn("Trigger now", "cron-trigger", { name: c.name })}</td>`)}</tr>`).join("")}</table>`;
 }
