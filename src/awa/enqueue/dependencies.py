@@ -76,8 +76,8 @@ def parent_ids(after: object) -> list[int]:
         raise ValidationError("after", "must be a list of jobs or job ids")
     ids: list[int] = []
     for item in after:
-        value = item.get("id", item) if isinstance(item, Mapping) else getattr(item, "id", item)
-        validate.check_parent_id(item, value)
+        value = validate.check_parent_id(item, item.get("id", item) if isinstance(item, Mapping)
+                                         else getattr(item, "id", item))
         if value not in ids:
             ids.append(value)
     if not ids:
