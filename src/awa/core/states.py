@@ -130,7 +130,7 @@ OUTPUT_MAX_BYTES = 64 * 1024
 #: message past this is cut, ending with a marker that says how long it was.
 ERROR_TEXT_MAX = 16 * 1024
 #: Longest tag (characters); at most TAGS_MAX of them.
-TAG_MAX_LEN = 256
+TAG_MAX_LEN = 1024
 
 # -- runtime defaults (spec §2.3) ---------------------------------------------
 # A crashed worker's attempts are rescued within HEARTBEAT_STALENESS + RESCUE_INTERVAL
