@@ -123,23 +123,6 @@ async def test_an_unreachable_database_is_503() -> None:
     assert status == 503 and answer == {"error": "database unavailable"}
 
 
-async def _post_latin1(app: Any, path: str, body: bytes,
-                       headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
-    """POST with header values sent as their latin-1 bytes, as HTTP carries them."""
-    raw = [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
-    scope = {"type": "http", "method": "POST", "path": path, "headers": raw}
-    sent: list[dict[str, Any]] = []
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0)
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-    await app(scope, receive, send)
-    return sent[0]["status"], json.loads(sent[1]["body"])
-
-
 async def test_an_expiry_of_non_ascii_digits_is_refused_not_a_500(
         client: awa.AsyncClient) -> None:
     """'²'.isdigit() is true but int('²') raises: that was a pre-auth 500 (issue 40)."""
@@ -151,7 +134,7 @@ async def test_an_expiry_of_non_ascii_digits_is_refused_not_a_500(
         assert cc.verify_request(SECRET, "complete", cid, body, headers) \
             == "missing or malformed X-Awa-Signature-Expires"
         if all(ord(c) < 256 for c in expires):  # what a header can carry
-            status, answer = await _post_latin1(app, f"/api/callbacks/{cid}/complete", body,
-                                                headers)
+            status, answer = await _post(app, f"/api/callbacks/{cid}/complete", body, headers,
+                                         encoding="latin-1")
             assert status == 401 and "malformed" in answer["error"], answer
     assert (await client.get_job(job_id)).state is awa.JobState.WaitingExternal
