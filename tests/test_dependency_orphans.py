@@ -58,6 +58,11 @@ async def test_children_of_a_deleted_parent_follow_their_policy(
         assert (await client.get_job(waiting.id)).state is awa.JobState.Scheduled
     assert await conn.fetchval("SELECT count(*) FROM awa.job_dependencies "
                                "WHERE parent_id = $1 AND resolved_at IS NULL", gone.id) == 0
+    # The graph no longer calls the deleted parent "discarded".
+    nodes = {n.id: n for n in (await client.workflow(both.id)).nodes}
+    assert nodes[gone.id].status == "gone" and nodes[both.id].status == "waiting"
+    assert {n.id: n.status for n in (await client.workflow(discard.id)).nodes}[discard.id] \
+        == "discarded"
     # Its finish releases the rest as usual; a second pass finds nothing to do.
     before = cleaner.orphans_released
     await cleaner.run_once()
