@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.apps.handler_app import Exits, SyncSleep
 from tests.helpers import FAST, ROOT, SUBPROCESS_PATH, wait_for_state, wait_until
 from tests.ui_helpers import call, serving
 
@@ -26,6 +25,12 @@ import awa
 from awa.core import states
 from awa.testing import AwaTestClient
 from awa.web.ui import ui_app
+
+
+def sleep_args(seconds: float) -> dict[str, Any]:
+    """Args of ``sync_sleep`` (the app module needs DATABASE_URL to import: not here)."""
+    return {"seconds": seconds}
+
 
 #: Far longer than any test waits: a handler still sleeping this long was abandoned.
 FOREVER = 600.0
@@ -141,14 +146,14 @@ async def test_sys_exit_and_keyboard_interrupt_fail_the_attempt(
                           ("keyboard", "KeyboardInterrupt")):
             for sync in (False, True):
                 kind = "exits_sync" if sync else "exits_async"
-                job = await client.insert(Exits(how, sync), kind=kind, queue="handler",
-                                          max_attempts=1)
+                job = await client.insert({"how": how, "sync": sync}, kind=kind,
+                                          queue="handler", max_attempts=1)
                 jobs.append((job, name))
         for job, name in jobs:
             done = await wait_for_state(client, job.id, awa.JobState.Failed, timeout=30)
             assert done.errors[-1]["error"].startswith(name), done.errors
         assert proc.poll() is None, "the worker process died"
-        after = await client.insert(SyncSleep(0), queue="handler")
+        after = await client.insert(sleep_args(0), kind="sync_sleep", queue="handler")
         await wait_for_state(client, after.id, awa.JobState.Completed, timeout=30)
         proc.send_signal(signal.SIGTERM)
         assert await _exited(proc) == 0
@@ -158,7 +163,7 @@ async def test_sigterm_honours_the_shutdown_timeout_with_a_sync_handler(
         client: awa.AsyncClient, database_url: str, tmp_path: Path) -> None:
     """Before: the process waited for the handler's thread however long it ran."""
     with _worker(database_url, tmp_path / "worker.log", "--shutdown-timeout-ms", "300") as proc:
-        job = await client.insert(SyncSleep(FOREVER), queue="handler")
+        job = await client.insert(sleep_args(FOREVER), kind="sync_sleep", queue="handler")
         await _running(client, job.id)
         proc.send_signal(signal.SIGTERM)
         assert await _exited(proc) == 0
@@ -171,7 +176,7 @@ async def test_a_sync_handler_finishing_within_the_timeout_is_written(
         client: awa.AsyncClient, database_url: str, tmp_path: Path) -> None:
     with _worker(database_url, tmp_path / "worker.log",
                  "--shutdown-timeout-ms", str(int(EXIT_BOUND * 1000))) as proc:
-        job = await client.insert(SyncSleep(1.0), queue="handler")
+        job = await client.insert(sleep_args(1.0), kind="sync_sleep", queue="handler")
         await _running(client, job.id)
         proc.send_signal(signal.SIGTERM)
         assert await _exited(proc) == 0
@@ -185,7 +190,7 @@ async def test_a_second_signal_exits_at_once(client: awa.AsyncClient, database_u
     """Before: a second signal was ignored; the process waited out the handler."""
     log = tmp_path / "worker.log"
     with _worker(database_url, log, "--shutdown-timeout-ms", str(int(FOREVER * 1000))) as proc:
-        job = await client.insert(SyncSleep(FOREVER), queue="handler")
+        job = await client.insert(sleep_args(FOREVER), kind="sync_sleep", queue="handler")
         await _running(client, job.id)
         proc.send_signal(signal.SIGTERM)
 
