@@ -12,9 +12,9 @@ import asyncpg
 from awa.core.states import DEPENDENCY_RELEASE_CHUNK, DEPENDENCY_RETENTION
 from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService, Quarantine, lost_connection
-from awa.telemetry.failures import FailureLog
 from awa.telemetry import joblog
 from awa.telemetry import otel as telemetry
+from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.maintenance")
 _failures = FailureLog(log)
