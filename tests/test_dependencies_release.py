@@ -97,9 +97,8 @@ async def test_a_large_fan_out_is_released_in_chunks_exactly_once(
     grandchild = await client.insert({}, kind="g", after=[last])
     await _finish(conn, parent.id, outcome)
     released = "available" if outcome == "completed" else "cancelled"
-    table = "awa.jobs" if outcome == "completed" else "awa.jobs_done"
-    count_sql = f"SELECT count(*) FROM {table} WHERE kind = 'c' AND state = '{released}'"
-    assert await _count(conn, count_sql) == 1000
+    count_sql = "SELECT count(*) FROM awa.jobs_all WHERE kind = 'c' AND state::text = $1"
+    assert await _count(conn, count_sql, released) == 1000
     assert await _count(conn, "SELECT count(*) FROM awa.dependency_releases") == 1
 
     pool = await client.pool()
@@ -112,7 +111,7 @@ async def test_a_large_fan_out_is_released_in_chunks_exactly_once(
     finally:
         await other_pool.close()
     assert one.chunks + two.chunks >= 14  # 2,000 children in chunks of 150
-    assert await _count(conn, count_sql) == n
+    assert await _count(conn, count_sql, released) == n
     assert await _count(conn, "SELECT count(*) FROM awa.job_dependencies "
                         "WHERE resolved_at IS NULL") == (1 if outcome == "completed" else 0)
     assert await _count(conn, "SELECT count(*) FROM awa.job_dependencies "
@@ -205,3 +204,21 @@ async def test_one_jobs_failing_rescue_leaves_the_others_rescued(
     await rescuer.run_once()
     assert (await client.get_job(bad.id)).state is S.Retryable
     assert rescuer.quarantines["job_rescue_running"].ids == set()
+
+
+async def test_testing_drain_runs_every_child_of_a_large_fan_out(
+        client: awa.AsyncClient) -> None:
+    """`awa.testing`'s drain releases what the parent's finish left, as a worker would."""
+    from awa.testing import AwaTestClient
+    runs: list[int] = []
+
+    @client.task(kind="fan")
+    async def fan(job: awa.Job) -> None:
+        runs.append(job.id)
+
+    parent = await client.insert({"root": True}, kind="fan")
+    await client.enqueue_many_copy([{"i": i} for i in range(1100)], kind="fan",
+                                   after=[parent])
+    results = await AwaTestClient(client).drain(max_jobs=5000)
+    assert len(results) == 1101
+    assert len(runs) == len(set(runs)) == 1101
