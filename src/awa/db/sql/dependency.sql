@@ -56,11 +56,11 @@ ORDER BY queued_at, parent_id LIMIT $2
 -- (SKIP LOCKED). release_dependents deletes the parent's row once every
 -- edge of it is resolved.
 WITH next AS MATERIALIZED (
-    SELECT parent_id, parent_state, prune_after FROM awa.dependency_releases
+    SELECT parent_id, parent_state, prune_after, after_child FROM awa.dependency_releases
     WHERE parent_id = $1 FOR UPDATE SKIP LOCKED
 )
-SELECT parent_id, awa.release_dependents(parent_id, parent_state, prune_after, $2::integer)
-           AS touched
+SELECT parent_id, awa.release_dependents(parent_id, parent_state, prune_after, $2::integer,
+                                         NULL, after_child) AS touched
 FROM next
 
 -- name: dependency_releases_pending

@@ -36,12 +36,17 @@ CREATE TABLE awa.dependency_releases (
     parent_id    bigint PRIMARY KEY,
     parent_state awa.job_state NOT NULL,
     prune_after  timestamptz NOT NULL,       -- the parent's; children finished here keep it
+    -- Edges of children up to this id are resolved: the next chunk starts after
+    -- it, instead of stepping over every resolved edge again (which made a
+    -- million children quadratic: 1.4 s per chunk by the 900,000th).
+    after_child  bigint NOT NULL DEFAULT 0,
     queued_at    timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE FUNCTION awa.release_dependents(p_parent bigint, p_state awa.job_state,
                                        p_prune_after timestamptz, p_budget integer,
-                                       p_children bigint[] DEFAULT NULL)
+                                       p_children bigint[] DEFAULT NULL,
+                                       p_after_child bigint DEFAULT 0)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -54,6 +59,7 @@ DECLARE
     budget integer := p_budget;  -- edges still allowed in this call (NULL: no bound)
     ids bigint[];
     n integer;
+    last bigint;
     c awa.jobs;
     pol text;
     touched integer := 0;
@@ -72,12 +78,17 @@ BEGIN
             VALUES (parent, outcome, p_prune_after) ON CONFLICT (parent_id) DO NOTHING;
             CONTINUE;
         END IF;
+        -- Every edge up to p_after_child is resolved (see after_child), and every
+        -- edge of a finished parent was committed before its finish (the insert
+        -- locks a running parent) or is resolved by its own insert.
         SELECT coalesce(array_agg(e.child_id), '{}') INTO ids
         FROM (SELECT d.child_id FROM awa.job_dependencies d
               WHERE d.parent_id = parent AND d.resolved_at IS NULL
+                AND d.child_id > CASE WHEN first THEN p_after_child ELSE 0 END
                 AND (NOT first OR p_children IS NULL OR d.child_id = ANY(p_children))
               ORDER BY d.child_id LIMIT budget) e;
         n := cardinality(ids);
+        last := coalesce(ids[n], 0);
         IF outcome = 'completed' THEN
             -- Lock first, then count open edges in later statements (fresh snapshots).
             PERFORM 1 FROM awa.jobs j WHERE j.id = ANY(ids) ORDER BY j.id FOR UPDATE;
@@ -151,8 +162,10 @@ BEGIN
         IF budget IS NOT NULL THEN
             budget := budget - n;
             IF budget <= 0 THEN  -- more may be left: the release service goes on
-                INSERT INTO awa.dependency_releases (parent_id, parent_state, prune_after)
-                VALUES (parent, outcome, p_prune_after) ON CONFLICT (parent_id) DO NOTHING;
+                INSERT INTO awa.dependency_releases (parent_id, parent_state, prune_after,
+                                                     after_child)
+                VALUES (parent, outcome, p_prune_after, last)
+                ON CONFLICT (parent_id) DO UPDATE SET after_child = EXCLUDED.after_child;
                 CONTINUE;
             END IF;
         END IF;
@@ -186,5 +199,5 @@ DROP FUNCTION awa.release_dependents(bigint, awa.job_state, timestamptz);
 
 -- As 0010: nothing that writes is PUBLIC (`awa grants ROLE` gives it back).
 REVOKE EXECUTE ON FUNCTION
-    awa.release_dependents(bigint, awa.job_state, timestamptz, integer, bigint[])
+    awa.release_dependents(bigint, awa.job_state, timestamptz, integer, bigint[], bigint)
     FROM PUBLIC;
