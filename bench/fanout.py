@@ -31,26 +31,18 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE))
+
+from dependencies import _fresh_db  # noqa: E402  (bench/dependencies.py)
 
 import awa  # noqa: E402
 from awa.core import states  # noqa: E402
 from awa.maintenance.services import DependencyReleaser  # noqa: E402
-
-
-async def _fresh_db(admin_url: str, name: str) -> str:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
-    return urlunsplit(urlsplit(admin_url)._replace(path="/" + name))
 
 
 async def _poll(conn: asyncpg.Connection, sql: str, until: object, every: float,

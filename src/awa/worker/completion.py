@@ -398,32 +398,43 @@ class Completer:
 
         Transient failures (deadlock, lost connection) retry the whole transaction
         with the same follow-ups; a replay of a commit whose acknowledgement was
-        lost finds no running row and inserts nothing.
+        lost finds no running row and inserts nothing. A statement that timed out
+        (its row held by an open transaction, most likely) is retried without
+        limit: only this job waits, and its outcome is not given up.
         """
         sql, args = self._statement(job_id, lease, outcome, progress_json)
-        for delay in (*RETRY_DELAYS, None):
+        delays = iter((*RETRY_DELAYS, None))
+        waited = False
+        while True:
             try:
                 with translated():
                     if not followups:
                         row = await self._pool.fetchrow(sql, *args)
                         telemetry.dead_lettered(row)
-                        _failures.ok("outcome write")
-                        return row is not None
-                    async with self._pool.acquire() as conn:
-                        written = await self._write_with_followups(conn, job_id, sql, args,
-                                                                   followups)
-                    if written:
-                        self.notify(r.queue for r in followups)
-                    _failures.ok("outcome write")
-                    return written
+                        written = row is not None
+                    else:
+                        async with self._pool.acquire() as conn:
+                            written = await self._write_with_followups(conn, job_id, sql,
+                                                                       args, followups)
+                        if written:
+                            self.notify(r.queue for r in followups)
+                _failures.ok("outcome write")
+                if waited:
+                    _failures.ok(f"outcome write of job {job_id}")
+                return written
             except Exception as exc:
+                if _timed_out(exc):
+                    waited = True
+                    _failures.failed(f"outcome write of job {job_id}", exc)
+                    await asyncio.sleep(RETRY_DELAYS[0])
+                    continue
+                delay = next(delays)
                 if delay is None or not _transient(exc):
                     # The job stays running; heartbeats stop and rescue re-runs it.
                     log.exception("giving up writing outcome of job %d", job_id)
                     return False
                 _failures.failed("outcome write", exc)
                 await asyncio.sleep(delay)
-        return False
 
 
     async def _write_with_followups(self, conn: Conn, job_id: int, sql: str,
