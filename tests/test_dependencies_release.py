@@ -222,3 +222,40 @@ async def test_testing_drain_runs_every_child_of_a_large_fan_out(
     results = await AwaTestClient(client).drain(max_jobs=5000)
     assert len(results) == 1101
     assert len(runs) == len(set(runs)) == 1101
+
+
+async def test_an_outcome_held_up_by_an_open_insert_is_not_given_up(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retry of a parent whose row an open insert holds times out again and again
+    (1 s here): it is written when the insert commits, not abandoned after the
+    transient-error retries (without the fix: given up after six timeouts)."""
+    from awa.core.model import Outcome
+    from awa.db.pool import create_pool
+    monkeypatch.setattr(completion, "RETRY_DELAYS", (0.01,) * 5)
+    q = queries()
+    parent = await client.insert({}, kind="p")
+    lease = (await (await client.pool()).fetch(q["attempt_claim"], "default", 1, 0.0,
+                                                60.0))[0]["run_lease"]
+    pool = await create_pool(database_url, max_connections=2, command_timeout=1.0)
+    producer = awa.AsyncClient(database_url)
+    completer = completion.Completer(pool, q, completed_retention=timedelta(days=1),
+                                     failed_retention=timedelta(days=1))
+    try:
+        async with producer.transaction() as tx:
+            child = await tx.insert({}, kind="c", after=[parent])
+            write = asyncio.create_task(completer.write(parent.id, lease,
+                                                        Outcome("retry", delay=60)))
+            key = f"outcome write of job {parent.id}"
+
+            async def timed_out_often() -> bool:
+                return completion._failures.failures(key) >= 7 or write.done()
+            await wait_until(timed_out_often, timeout=30,
+                             message="the write to time out seven times")
+            assert not write.done()
+        assert await asyncio.wait_for(write, 30) is True
+    finally:
+        await producer.close()
+        await pool.close()
+    assert (await client.get_job(parent.id)).state is S.Retryable
+    assert (await client.get_job(child.id)).state is S.Scheduled
