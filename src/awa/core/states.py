@@ -199,3 +199,10 @@ DEPENDENCY_PARENTS_MAX = 10_000
 WORKFLOW_JOBS_MAX = 10_000
 #: Resolved dependency edges (kept for the workflow graph) are pruned after this.
 DEPENDENCY_RETENTION = timedelta(hours=72)
+#: Children the statement finishing a parent releases itself (migration 0019,
+#: counted over its cascade); the workers' release service does the rest.
+DEPENDENCY_RELEASE_INLINE = 1000
+#: Children per transaction of the release service (its default chunk).
+DEPENDENCY_RELEASE_CHUNK = 5000
+#: How often each worker looks for parents whose children are left to release.
+DEPENDENCY_RELEASE_INTERVAL = timedelta(milliseconds=250)

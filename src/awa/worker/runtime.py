@@ -36,6 +36,7 @@ from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import (
     UNSERVED_CHECK_INTERVAL,
     Cleaner,
+    DependencyReleaser,
     Promoter,
     QueueGauges,
     Rescuer,
@@ -173,6 +174,8 @@ class Runtime:
             self.leader,
             Heartbeat(pool, q, c.heartbeat_interval, self._live_attempts, self._lost),
             Promoter(pool, q, c.promote_interval, is_leader),
+            DependencyReleaser(pool, q, min(c.promote_interval,
+                                            states.DEPENDENCY_RELEASE_INTERVAL)),
             Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
                     failed_retention=c.failed_retention, on_rescued=self._rescued),
             # Every retention a finished job may carry: this worker's, and the
