@@ -64,6 +64,7 @@ from awa.enqueue.partitioned import PartitionedQueue
 from awa.enqueue.transaction import Transaction
 from awa.enqueue.workflow import WorkflowRun, chain, chord, group, step
 from awa.sync import Client, SyncTransaction
+from awa.telemetry.joblog import set_log_error_messages
 from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
 from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
@@ -150,6 +151,7 @@ __all__ = [
     "migrations",
     "migrations_range",
     "schema_patches",
+    "set_log_error_messages",
     "set_max_payload_bytes",
     "shutdown_telemetry",
     "step",
