@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from awa.core.backpressure import Backpressure
 from awa.core.errors import ValidationError
 from awa.core.options import InsertOptions
 from awa.core.results import InsertedJob
-from awa.db import migrations
+from awa.db import dsn, migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
@@ -67,7 +68,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         if command_timeout is not None:
             validate.check_seconds("command_timeout", command_timeout)
         self._command_timeout = command_timeout
-        self._url = database_url
+        self._url = None if database_url is None else dsn.check_url(database_url, "database_url")
+        if database_url is None and os.environ.get("DATABASE_URL"):  # say so here, not mid-run
+            dsn.check_url(os.environ["DATABASE_URL"], "$DATABASE_URL")
         self._max_connections = max_connections
         self._q: Queries = queries(schema)
         self._pool: asyncpg.Pool | None = None

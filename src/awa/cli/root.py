@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 import awa
 from awa.cli.output import (
@@ -30,7 +31,7 @@ from awa.cli.progress import Bar, bars_enabled
 from awa.core.errors import AwaError
 from awa.core.serialize import nested_too_deeply
 from awa.db import migrations
-from awa.db.dsn import redact
+from awa.db.dsn import check_url, redact
 from awa.db.errors import translated
 
 
@@ -51,6 +52,12 @@ def _run(coro: Any) -> Any:
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
     """Awa job queue CLI: a Postgres-native job queue."""
+    if database_url is not None:
+        from_env = ctx.get_parameter_source("database_url") is ParameterSource.ENVIRONMENT
+        try:
+            check_url(database_url, "$DATABASE_URL" if from_env else "--database-url")
+        except AwaError as exc:
+            fail(str(exc))
     ctx.obj = {"url": database_url, "schema": schema}
 
 

@@ -75,10 +75,10 @@ async def init_connection(conn: asyncpg.Connection) -> None:
 def resolve_database_url(database_url: str | None) -> str:
     """An explicit URL, else ``$DATABASE_URL``, else the embedded server's."""
     if database_url:
-        return database_url
+        return dsn.check_url(database_url, "database_url")
     env = os.environ.get("DATABASE_URL")
     if env:
-        return env
+        return dsn.check_url(env, "$DATABASE_URL")
     from awa.db.embedded import embedded_database_url
 
     return embedded_database_url()
