@@ -350,6 +350,12 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             return handler
         return register
 
+    def share_tasks(self, other: AsyncClient) -> None:
+        """Route inserts naming no queue by ``other``'s ``@task`` registrations (shared,
+        so later ones count too): a producer-only client next to the worker's."""
+        self._registry = other._registry
+        self._followups = other._followups
+
     # -- follow-ups and hooks (spec §4.6) ----------------------------------------------
 
     def on_completed_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
