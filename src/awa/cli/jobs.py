@@ -15,6 +15,7 @@ from awa.cli.output import (
     confirm,
     emit,
     emit_document,
+    emit_job,
     fail,
     full_option,
     json_option,
@@ -25,7 +26,8 @@ from awa.cli.root import main
 from awa.core.serialize import nested_too_deeply
 from awa.enqueue import bulk
 
-yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation "
+                          "(accepted by every command that changes something).")
 
 
 @main.group()
@@ -74,19 +76,19 @@ def job_dump_run(obj: dict[str, Any], job_id: int, attempt: int | None, full: bo
 @job.command("retry")
 @click.argument("job_id", type=int)
 @yes_option
-@full_option
+@click.option("--full", is_flag=True, help="Show every field of the job, whole.")
 @json_option
 @click.pass_obj
 def job_retry(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json: bool) -> None:
     """Send a failed, cancelled or waiting job back to available."""
     confirm(yes, f"Retry job {job_id}?")
-    emit(run_with_client(obj, lambda c: c.retry(job_id)), as_json, full=full)
+    emit_job(run_with_client(obj, lambda c: c.retry(job_id)), as_json, full)
 
 
 @job.command("cancel")
 @click.argument("job_id", type=int)
 @yes_option
-@full_option
+@click.option("--full", is_flag=True, help="Show every field of the job, whole.")
 @json_option
 @click.pass_obj
 def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json: bool) -> None:
@@ -95,7 +97,7 @@ def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json:
     cancelled = run_with_client(obj, lambda c: c.cancel(job_id))
     if cancelled is None:
         fail(f"job {job_id} had already finished")
-    emit(cancelled, as_json, full=full)
+    emit_job(cancelled, as_json, full)
 
 
 @job.command("retry-failed")

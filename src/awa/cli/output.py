@@ -197,6 +197,22 @@ def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
         say(str(data))
 
 
+#: What `emit_job` shows of a job a command acted on (``--full`` shows every field).
+JOB_SUMMARY = ("id", "kind", "queue", "state", "attempt", "max_attempts", "run_at")
+
+
+def emit_job(job: Any, as_json: bool, full: bool) -> None:
+    """A job a command acted on: its summary and where the rest is (``awa job dump``);
+    every field with ``full``; the exact row with ``as_json``."""
+    if as_json or full:
+        emit(job, as_json, full=full)
+        return
+    row = plain(job)
+    summary = {k: row.get(k) for k in JOB_SUMMARY}
+    summary["details"] = f"awa job dump {row.get('id')}"
+    emit(summary, False)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""

@@ -7,6 +7,7 @@ PostgreSQL. Failures exit non-zero with a one-line reason on stderr.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import json
 import logging
@@ -45,6 +46,8 @@ def _run(coro: Any) -> Any:
 
 
 @click.group(cls=SafeGroup)
+@click.version_option(awa.__version__, "--version", prog_name="awa",
+                      message="%(prog)s %(version)s")
 @click.option("--database-url", envvar="DATABASE_URL", default=None,
               help="PostgreSQL URL (default: $DATABASE_URL, else the embedded server).")
 @click.option("--schema", default="awa", show_default=True, help="Schema holding Awa's tables.")
@@ -150,10 +153,28 @@ def _load_client(target: str) -> awa.AsyncClient:
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {first_line(exc)}",
                                  param_hint="target") from None
-    client = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        near = difflib.get_close_matches(attr, [n for n in dir(module)
+                                                if isinstance(getattr(module, n, None),
+                                                              awa.AsyncClient)], n=1)
+        hint = f" (did you mean {module_name}:{near[0]}?)" if near else ""
+        raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}{hint}",
+                                 param_hint="target")
+    client = getattr(module, attr)
     if not isinstance(client, awa.AsyncClient):
-        raise click.BadParameter(f"{target!r} is not an awa.AsyncClient", param_hint="target")
+        raise click.BadParameter(f"{target!r} is a {type(client).__name__}, not an "
+                                 "awa.AsyncClient", param_hint="target")
     return client
+
+
+def _served(client: awa.AsyncClient) -> str:
+    """``shipping (10 workers), mail (4 workers)``: what a started worker serves."""
+    runtime = client._runtime
+    if runtime is None:
+        return "no queues"
+    return ", ".join(f"{q.name} ({q.max_workers} workers)" if runtime.config.global_max_workers
+                     is None else f"{q.name} (weight {q.weight}, min {q.min_workers})"
+                     for q in runtime.config.queues)
 
 
 @main.command()
@@ -202,7 +223,8 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await client.start(queue_list, **start_options)
-        logging.getLogger("awa.worker").info("worker started (pid %s)", _pid())
+        logging.getLogger("awa.worker").info("worker started (pid %s) serving queues: %s",
+                                             _pid(), _served(client))
         await stop.wait()
         logging.getLogger("awa.worker").info("shutting down")
         await client.shutdown(timeout_ms=shutdown_timeout_ms)
