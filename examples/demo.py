@@ -96,4 +96,4 @@ async def tour(client: awa.AsyncClient) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    awa.run(main())

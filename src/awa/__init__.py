@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from awa import _moved, web
 from awa.admin.dlq import DlqEntry
-from awa.client import AsyncClient
+from awa.client import AsyncClient, run
 from awa.core import callback_contract
 from awa.core.backpressure import QueueDepth, Reject
 from awa.core.batch_spec import (
@@ -150,6 +150,7 @@ __all__ = [
     "migrate",
     "migrations",
     "migrations_range",
+    "run",
     "schema_patches",
     "set_log_error_messages",
     "set_max_payload_bytes",

@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -51,6 +52,8 @@ from awa.worker.tasks import Handler, Registry, make_spec
 FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
 
+
+T = TypeVar("T")
 
 class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
     """A pool-backed client for one database and schema (default ``awa``).
@@ -485,3 +488,15 @@ def _usable(conn: Conn) -> bool:
         return not conn.is_closed()
     except asyncpg.InterfaceError:
         return False
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` for a script that runs a worker in its own process: Ctrl-C ends
+    it with one line on stderr and exit status 130, instead of a ``CancelledError``
+    and ``KeyboardInterrupt`` traceback. ``async with client`` blocks still exit
+    (the worker shuts down) before it returns."""
+    try:
+        return asyncio.run(main)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): stopped", file=sys.stderr)
+        raise SystemExit(130) from None
