@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 
-import awa
 from tests.helpers import ROOT, SUBPROCESS_PATH, wait_for_state
 from tests.test_cli import awa_cli
+
+import awa
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

@@ -35,7 +35,7 @@ def test_python_refuses_a_bad_url_when_the_client_is_made(
     with pytest.raises(awa.ValidationError) as err:
         awa.AsyncClient()
     assert err.value.field == "$DATABASE_URL" and "got 'localhost:5432/app'" in str(err.value)
-    with pytest.raises(awa.ValidationError, match="^database_url: must be a PostgreSQL URL") \
+    with pytest.raises(awa.ValidationError, match=r"^database_url: must be a PostgreSQL URL") \
             as err:
         awa.Client("app:secret@localhost/app")
     assert "secret" not in str(err.value) and "app:***@localhost/app" in str(err.value)

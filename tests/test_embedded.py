@@ -126,3 +126,38 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     if sys.platform == "linux":
         assert default_data_dir() == tmp_path / "xdg" / "awa" / "pg"
+
+
+HOLD_URL = PRINT_URL + "; import sys; sys.stdin.readline()"  # uses it until told to exit
+
+
+def _holder(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                "AWA_EMBEDDED_DIR": str(data_dir)}
+    full_env.pop("AWA_EMBEDDED_KEEP", None)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_URL], env=full_env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def _release(proc: subprocess.Popen[str]) -> None:
+    _, err = proc.communicate("\n", timeout=120)
+    assert proc.returncode == 0, err
+
+
+def test_the_server_runs_while_any_process_uses_it(tmp_path: Path) -> None:
+    try:
+        worker, url = _holder(tmp_path)  # starts the server (as `awa worker` would)
+        ui, same = _holder(tmp_path)  # reuses it (as `awa serve` started afterwards)
+        assert same == url
+        _release(worker)  # the process that started it exits first ...
+        assert running(tmp_path) and fetchval(url, "select 1") == 1  # ... the UI still has it
+        dead, _ = _holder(tmp_path)
+        dead.kill()  # killed: its registration stays behind, and counts for nothing
+        dead.wait()
+        _release(ui)  # the last live user out stops it
+        assert not running(tmp_path)
+        assert [p.name for p in (tmp_path / "users").iterdir()] == []
+    finally:
+        stop_embedded(data_dir=tmp_path)

@@ -44,5 +44,5 @@ def test_a_sync_client_routes_by_the_worker_clients_tasks(database_url: str) -> 
 
 
 def test_tasks_must_be_an_async_client(database_url: str) -> None:
-    with pytest.raises(awa.ValidationError, match="^tasks: must be an awa.AsyncClient"):
+    with pytest.raises(awa.ValidationError, match=r"^tasks: must be an awa\.AsyncClient"):
         awa.Client(database_url, tasks="worker:client")  # type: ignore[arg-type]

@@ -46,7 +46,7 @@ def queue() -> None:
 @click.pass_obj
 def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
     """Counts per state, completions in the last hour, lag and pause, per queue."""
-    stats = run_with_client(obj, lambda c: c.queue_stats())
+    stats: Any = run_with_client(obj, lambda c: c.queue_stats())
     if not as_json:  # people read seconds to a tenth; --json keeps the exact value
         stats = [{**row, "lag_seconds": None if row["lag_seconds"] is None
                   else f"{row['lag_seconds']:.1f}"} for row in plain(stats)]

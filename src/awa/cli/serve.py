@@ -14,6 +14,8 @@ import click
 
 from awa.cli.output import fail, first_line, say
 from awa.cli.root import main
+from awa.core.errors import AwaError
+from awa.db.pool import resolve_database_url
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -62,7 +64,13 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
     if allowed_hosts or not token:
         wildcard = host in ("0.0.0.0", "::", "")
         hosts = [*LOOPBACK_HOSTS, *([] if wildcard else [host]), *allowed_hosts]
-    app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"],
+    url = obj["url"]
+    if url is None:  # $DATABASE_URL, else the embedded server: resolved (started) now, so this
+        try:         # process uses it from the start and keeps it running while it serves
+            url = resolve_database_url(None)
+        except AwaError as exc:
+            fail(first_line(exc))
+    app = ui_app(url, read_only=read_only, token=token or None, schema=obj["schema"],
                  allowed_hosts=hosts)
     announce = _url_of(host, sock) + (" (read-only)" if read_only else "")
 
