@@ -161,3 +161,46 @@ def test_the_server_runs_while_any_process_uses_it(tmp_path: Path) -> None:
         assert [p.name for p in (tmp_path / "users").iterdir()] == []
     finally:
         stop_embedded(data_dir=tmp_path)
+
+
+def test_a_stopped_database_is_one_line_per_subsystem_in_the_workers_log(
+        tmp_path: Path) -> None:
+    import asyncio as aio
+    import time
+
+    import awa
+    from tests.helpers import ROOT, SUBPROCESS_PATH
+
+    try:
+        url = embedded_database_url(data_dir=tmp_path / "pg")
+        aio.new_event_loop().run_until_complete(awa.migrate(url))
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": SUBPROCESS_PATH}
+        log = tmp_path / "worker.log"
+        with log.open("w") as err:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
+                 "--queue", "procs=2", "--set=poll_interval_ms=50"],
+                env=env, cwd=ROOT, stderr=err)
+            try:
+                deadline = time.monotonic() + 60
+                while "worker started" not in log.read_text():
+                    assert time.monotonic() < deadline and worker.poll() is None
+                    time.sleep(0.1)
+                stop_embedded(data_dir=tmp_path / "pg")  # as another process would
+                deadline = time.monotonic() + 60
+                while log.read_text().count("the database is unreachable") < 5:
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.2)
+                time.sleep(3)  # many more claim and reconnect attempts: they stay quiet
+            finally:
+                worker.terminate()
+                worker.wait(timeout=60)
+        lines = log.read_text().splitlines()
+        assert not any("Traceback" in line for line in lines), "\n".join(lines)
+        failed = [line for line in lines if " failed: " in line]
+        subsystems = [line.split(" failed: ")[0].split(" ", 3)[-1] for line in failed]
+        assert len(subsystems) == len(set(subsystems)), "\n".join(failed)  # one line each
+        assert any("claim from 'procs'" in s for s in subsystems)
+        assert len(lines) < 40, "\n".join(lines)
+    finally:
+        stop_embedded(data_dir=tmp_path / "pg")
