@@ -168,8 +168,9 @@ def test_a_stopped_database_is_one_line_per_subsystem_in_the_workers_log(
     import asyncio as aio
     import time
 
-    import awa
     from tests.helpers import ROOT, SUBPROCESS_PATH
+
+    import awa
 
     try:
         url = embedded_database_url(data_dir=tmp_path / "pg")

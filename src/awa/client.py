@@ -353,7 +353,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             return handler
         return register
 
-    def share_tasks(self, other: AsyncClient) -> None:
+    def _share_tasks(self, other: AsyncClient) -> None:
         """Route inserts naming no queue by ``other``'s ``@task`` registrations (shared,
         so later ones count too): a producer-only client next to the worker's."""
         self._registry = other._registry

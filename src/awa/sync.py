@@ -176,7 +176,7 @@ class Client:
         self._async = self._loop.run(_make_async(database_url, max_connections, schema,
                                                  command_timeout))
         if tasks is not None:
-            self._async.share_tasks(tasks)
+            self._async._share_tasks(tasks)
 
     def close(self) -> None:
         """Close the pool and stop the private event loop."""

@@ -63,6 +63,7 @@ class Listener:
         probe_every = states.LISTEN_PROBE_INTERVAL.total_seconds()
         probed_at = time.monotonic()
         failures = FailureLog(log)  # a lost database: one line, not one per reconnect
+        # sql-safe: a log line's subject, never SQL
         what = f"LISTEN connection (polling every {poll_ms} ms meanwhile)"
         if dsn.parse(self._url).pooler:
             log.info("pgbouncer=true: LISTEN/NOTIFY is not used behind a transaction "
