@@ -359,7 +359,7 @@ def _stop_started() -> None:
     """At exit, unregister from the servers this process used; the last live user stops one
     (unless ``AWA_EMBEDDED_KEEP=1``)."""
     keep = os.environ.get("AWA_EMBEDDED_KEEP", "").lower() in ("1", "true", "yes")
-    for data_dir, (user, postmaster) in list(_started.items()):
+    for data_dir, (user, _postmaster_pid) in list(_started.items()):
         if user != os.getpid():  # a forked child inherited the record
             continue
         try:
@@ -367,8 +367,7 @@ def _stop_started() -> None:
                 (data_dir / "users" / str(user)).unlink(missing_ok=True)
                 if keep or _live_users(data_dir):
                     continue  # another process still uses it
-                if (found := _postmaster(data_dir / "pgdata")) and found[0] == postmaster:
-                    _stop(data_dir / "pgdata")
+                _stop(data_dir / "pgdata")  # whoever (re)started it: nobody else uses it
         except Exception as exc:
             print(f"awa: could not stop the embedded PostgreSQL: {exc}", file=sys.stderr)
     _started.clear()
