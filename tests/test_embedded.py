@@ -205,3 +205,24 @@ def test_a_stopped_database_is_one_line_per_subsystem_in_the_workers_log(
         assert len(lines) < 40, "\n".join(lines)
     finally:
         stop_embedded(data_dir=tmp_path / "pg")
+
+
+def test_awa_serve_uses_the_embedded_server_from_its_start(tmp_path: Path) -> None:
+    from tests.helpers import ROOT, SUBPROCESS_PATH
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "AWA_EMBEDDED_KEEP")}
+    env.update(AWA_EMBEDDED_DIR=str(tmp_path), PYTHONPATH=SUBPROCESS_PATH)
+    serve = subprocess.Popen([sys.executable, "-m", "awa", "serve", "--port", "0"], env=env,
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert serve.stderr is not None
+        assert "Awa UI on http://127.0.0.1:" in serve.stderr.readline()
+        # before any request: running, and this process counted as one of its users
+        assert running(tmp_path)
+        assert [p.name for p in (tmp_path / "users").iterdir()] == [str(serve.pid)]
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    assert not running(tmp_path)  # it was the last user

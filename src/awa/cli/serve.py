@@ -7,7 +7,10 @@ error (exit 1); the URL is printed once the server is accepting connections.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
+from types import FrameType
 from typing import Any
 
 import click
@@ -81,5 +84,14 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
                 say(f"Awa UI on {announce}", err=True)
 
     config = uvicorn.Config(app, log_level=os.environ.get("AWA_LOG_LEVEL", "warning"))
+    # uvicorn shuts down on SIGTERM/SIGINT, then raises the signal again with the handler it
+    # found: make that an exit, so atexit still runs (it hands the embedded server back).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     with sock:
         Server(config).run(sockets=[sock])
+
+
+def _exit_on_signal(sig: int, _frame: FrameType | None) -> None:
+    """Exit with the shell's status for ``sig`` (128 + its number), running atexit."""
+    sys.exit(128 + sig)
