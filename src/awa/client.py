@@ -55,6 +55,7 @@ EventFn = Callable[[JobEvent], Any]
 
 T = TypeVar("T")
 
+
 class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
     """A pool-backed client for one database and schema (default ``awa``).
 
