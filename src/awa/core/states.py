@@ -126,6 +126,11 @@ UNIQUE_STATES_MAX = 0b1111_1111
 STAGED_FOLLOW_UPS_MAX = 16
 STAGED_FOLLOW_UPS_MAX_BYTES = 64 * 1024
 OUTPUT_MAX_BYTES = 64 * 1024
+#: Longest error text kept per attempt (characters): a handler's exception
+#: message past this is cut, ending with a marker that says how long it was.
+ERROR_TEXT_MAX = 16 * 1024
+#: Longest tag (characters); at most TAGS_MAX of them.
+TAG_MAX_LEN = 1024
 
 # -- runtime defaults (spec §2.3) ---------------------------------------------
 # A crashed worker's attempts are rescued within HEARTBEAT_STALENESS + RESCUE_INTERVAL

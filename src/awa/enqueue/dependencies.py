@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from awa.core import states
+from awa.core import states, validate
 from awa.core.errors import ValidationError
 from awa.core.model import Job
 from awa.db.errors import translated
@@ -76,9 +76,8 @@ def parent_ids(after: object) -> list[int]:
         raise ValidationError("after", "must be a list of jobs or job ids")
     ids: list[int] = []
     for item in after:
-        value = item.get("id", item) if isinstance(item, Mapping) else getattr(item, "id", item)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValidationError("after", f"{item!r} is neither a job nor a job id")
+        value = validate.check_parent_id(item, item.get("id", item) if isinstance(item, Mapping)
+                                         else getattr(item, "id", item))
         if value not in ids:
             ids.append(value)
     if not ids:

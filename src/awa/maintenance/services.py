@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from awa.core.states import DEPENDENCY_RETENTION
+from awa.core.states import DEPENDENCY_RETENTION, FAILED_RETENTION
 from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService
 from awa.telemetry import joblog
@@ -88,11 +88,13 @@ class Cleaner(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, retentions: Iterable[timedelta],
-                 batch_size: int,
-                 dlq_retention: timedelta) -> None:
+                 batch_size: int, dlq_retention: timedelta,
+                 failed_retention: timedelta = FAILED_RETENTION) -> None:
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
         self._dlq_retention = dlq_retention
+        self._failed_retention = failed_retention
+        self.orphans_released = 0  #: children of parents deleted by hand, released
         self._retentions = sorted(set(retentions))
         self._lookahead = interval * 2
         self._batch = batch_size
@@ -140,6 +142,14 @@ class Cleaner(PeriodicService):
             await conn.execute(q["callback_rules_prune"])
             await self._delete_in_batches(conn, "dlq_prune", self._dlq_retention)
             await self._delete_in_batches(conn, "dependency_prune", DEPENDENCY_RETENTION)
+            # Children of a parent deleted by hand (no finish to release them)
+            # would wait forever: their on_parent_failure applies instead.
+            released = await conn.fetchval(q["dependency_release_orphans"],
+                                           self._failed_retention, self._batch)
+            if released:
+                log.warning("%d jobs waited for parents that no longer exist (deleted, not "
+                            "finished); their on_parent_failure policy was applied", released)
+                self.orphans_released += released
 
     async def _delete_in_batches(self, conn: Any, statement: str, *args: Any) -> None:
         """Run a delete of at most ``batch_size`` rows (its last parameter) until

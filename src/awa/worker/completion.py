@@ -12,6 +12,7 @@ Other outcomes are rarer and written one statement each.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import uuid
@@ -22,6 +23,7 @@ from typing import Any
 
 import asyncpg
 
+from awa.core import validate
 from awa.core.model import Outcome
 from awa.db.errors import translated
 from awa.db.pool import Conn, HeldConnection
@@ -271,6 +273,8 @@ class Completer:
     def _statement(self, job_id: int, lease: int, outcome: Outcome,
                    progress_json: str | None) -> tuple[str, tuple[object, ...]]:
         q = self._q
+        if outcome.error is not None:  # any outcome's text, as the executor makes a handler's
+            outcome = dataclasses.replace(outcome, error=validate.storable_text(outcome.error))
         if outcome.kind == "completed":
             return q["attempt_complete_batch"], ([job_id], [lease], [outcome.output_json],
                                                  self._completed_retention)

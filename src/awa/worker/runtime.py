@@ -181,7 +181,8 @@ class Runtime:
             Cleaner(pool, q, c.cleanup_interval, is_leader,
                     retentions=(c.completed_retention, c.failed_retention,
                                 states.COMPLETED_RETENTION, states.FAILED_RETENTION),
-                    batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
+                    batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention,
+                    failed_retention=c.failed_retention),
             Vacuumer(pool, q, states.VACUUM_CHECK_INTERVAL, is_leader),
             CronService(pool, q, c.cron_interval, is_leader),
             BatchRunner(pool, q, c.batch_interval, is_leader, instance_id=self.instance_id,
@@ -322,6 +323,12 @@ class Runtime:
         if self._runtime_pool is not None:
             await self._runtime_pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def handlers_in_threads(self) -> int:
+        """Plain ``def`` handlers still running in the thread pool (after `shutdown`:
+        the ones abandoned at its timeout, whose jobs rescue will retry). Python
+        cannot stop a thread; ``awa worker`` exits without waiting for them."""
+        return self._executor.in_threads()
 
     # -- running jobs -------------------------------------------------------------------
 

@@ -162,3 +162,24 @@ DELETE FROM awa.job_dependencies d
 USING (SELECT parent_id, child_id FROM awa.job_dependencies
        WHERE resolved_at < now() - $1::interval LIMIT $2) old
 WHERE d.parent_id = old.parent_id AND d.child_id = old.child_id
+
+-- name: dependency_release_orphans
+-- Cleanup: children still parked for a parent that exists nowhere, neither
+-- active, finished nor dead-lettered (deleted by hand: every finish resolves
+-- its edges in its own statement). Such a parent counts as cancelled, so its
+-- children's on_parent_failure applies (cancelled ones kept for $1); at most
+-- $2 parents per pass. Parked children are read from jobs_due_idx, each parent
+-- probed by id; the statement's one snapshot sees a parent that is moving
+-- between the tables in exactly one of them.
+SELECT coalesce(sum(awa.release_dependents(o.parent_id, 'cancelled',
+                                           now() + $1::interval)), 0)::int AS touched
+FROM (
+    SELECT DISTINCT d.parent_id
+    FROM awa.jobs c
+    JOIN awa.job_dependencies d ON d.child_id = c.id AND d.resolved_at IS NULL
+    WHERE c.state = 'scheduled' AND c.run_at >= '9999-12-30 00:00:00+00'
+      AND NOT EXISTS (SELECT 1 FROM awa.jobs p WHERE p.id = d.parent_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.jobs_done p WHERE p.id = d.parent_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.dlq p WHERE p.id = d.parent_id)
+    LIMIT $2
+) o
