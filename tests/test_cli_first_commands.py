@@ -31,6 +31,9 @@ async def test_queue_and_dlq_commands_say_what_they_did(
     await client.insert({"n": 1}, kind="mail", queue="mail")
     assert ok(awa_cli(database_url, "queue", "pause", "mail", "--yes")) == "paused mail\n"
     assert ok(awa_cli(database_url, "queue", "resume", "mail", "--yes")) == "resumed mail\n"
+    assert ok(awa_cli(database_url, "migrate", "--yes")) == "schema is up to date\n"
+    assert "enqueued 2 jobs" in ok(awa_cli(database_url, "enqueue", "mail", "--queue", "mail",
+                                           "--count", "2", "--yes"))
     stats = ok(awa_cli(database_url, "--format", "tsv", "queue", "stats")).splitlines()
     header = stats[0].split("\t")
     lag = stats[1].split("\t")[header.index("lag_seconds")]

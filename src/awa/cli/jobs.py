@@ -20,14 +20,12 @@ from awa.cli.output import (
     full_option,
     json_option,
     run_with_client,
+    yes_option,
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 from awa.cli.root import main
 from awa.core.serialize import nested_too_deeply
 from awa.enqueue import bulk
-
-yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation "
-                          "(accepted by every command that changes something).")
 
 
 @main.group()
@@ -144,9 +142,10 @@ def job_discard(obj: dict[str, Any], kind: str, chunk_size: int, yes: bool,
               show_default=True, help="Jobs per COPY (one progress step each).")
 @full_option
 @json_option
+@yes_option
 @click.pass_obj
 def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority: int,
-            count: int, chunk_size: int, full: bool, as_json: bool) -> None:
+            count: int, chunk_size: int, full: bool, as_json: bool, yes: bool) -> None:
     """Enqueue ad-hoc jobs of KIND (many copies go in by COPY, a chunk at a time)."""
     try:
         if nested_too_deeply(args_json):

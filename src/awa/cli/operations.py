@@ -12,7 +12,6 @@ import click
 
 import awa
 from awa.admin import jobs as admin
-from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
     confirm,
@@ -26,6 +25,7 @@ from awa.cli.output import (
     plain,
     run_with_client,
     say,
+    yes_option,
 )
 from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.cli.root import main

@@ -52,6 +52,9 @@ _TSV_ESCAPES: dict[int, str] = {**_ESCAPES, ord("\\"): "\\\\"}
 _JSON_ESCAPES: dict[int, str] = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0),
                                                               *_BIDI_AND_SEPARATORS)}
 
+#: Every command that changes something takes it (one that asks nothing ignores it).
+yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation "
+                          "(accepted by every command that changes something).")
 full_option = click.option("--full", is_flag=True,
                            help="Show long values whole instead of cut short.")
 

@@ -29,6 +29,7 @@ from awa.cli.output import (
     first_line,
     global_format_option,
     say,
+    yes_option,
 )
 from awa.cli.progress import Bar, bars_enabled
 from awa.core.errors import AwaError
@@ -74,9 +75,10 @@ def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
               help="Print the SQL of the migrations after this version (exclusive).")
 @click.option("--to", "to_version", type=int, default=None,
               help="... up to this version (inclusive; default: the newest).")
+@yes_option
 @click.pass_obj
 def migrate(obj: dict[str, Any], print_sql: bool, only: int | None, from_version: int | None,
-            to_version: int | None) -> None:
+            to_version: int | None, yes: bool) -> None:
     """Apply pending schema migrations (safe to run from many processes)."""
     if only is not None or from_version is not None or to_version is not None:
         _print_migrations(obj["schema"], only, from_version, to_version)
