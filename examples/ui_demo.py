@@ -110,4 +110,4 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=8600)
     parser.add_argument("--seconds", type=float, default=None, help="stop after N seconds")
     a = parser.parse_args()
-    asyncio.run(main(a.port, a.seconds))
+    awa.run(main(a.port, a.seconds))

@@ -132,22 +132,29 @@ def awa_database_url(database_url: str) -> str:
     return database_url
 
 
-#: The optional suites: how a skipped test is recognised, and how to run it.
+#: The optional suites: the marker their tests carry, and how to run them.
 OPTIONAL_SUITES = (
-    ("chaos", "tests/chaos/", "AWA_CHAOS=1"),
-    ("browser", "test_ui_browser", "apt-get install chromium (or set AWA_CHROMIUM)"),
-    ("pgbouncer", "test_pgbouncer", "apt-get install pgbouncer"),
+    ("chaos", "AWA_CHAOS=1"),
+    ("browser", "apt-get install chromium (or set AWA_CHROMIUM)"),
+    ("pgbouncer", "apt-get install pgbouncer"),
 )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that drives a browser (it uses the ``page`` fixture)."""
+    for item in items:
+        if "page" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
 
 
 def _optional_skips(terminalreporter: pytest.TerminalReporter) -> str | None:
     """One line naming the optional suites this run skipped and how to enable each."""
-    counts = dict.fromkeys((name for name, _, _ in OPTIONAL_SUITES), 0)
+    counts = dict.fromkeys((name for name, _ in OPTIONAL_SUITES), 0)
     for report in terminalreporter.stats.get("skipped", []):
-        for name, marker, _ in OPTIONAL_SUITES:
-            if marker in report.nodeid:
+        for name, _ in OPTIONAL_SUITES:
+            if name in report.keywords:
                 counts[name] += 1
-    parts = [f"{name} ({counts[name]} tests: {how})" for name, _, how in OPTIONAL_SUITES
+    parts = [f"{name} ({counts[name]} tests: {how})" for name, how in OPTIONAL_SUITES
              if counts[name]]
     return "optional suites skipped: " + "; ".join(parts) if parts else None
 

@@ -95,6 +95,7 @@ async def test_bound_holds_across_processes_with_kills(database_url: str) -> Non
     await _run(database_url, processes=3, jobs=400, keys=12, kills=2, seed=11, timeout=25)
 
 
+@pytest.mark.chaos
 @pytest.mark.skipif(os.environ.get("AWA_CHAOS") != "1", reason="set AWA_CHAOS=1")
 @pytest.mark.parametrize(
     "seed", [int(s) for s in os.environ.get("AWA_CHAOS_SEEDS", "1").split(",")])

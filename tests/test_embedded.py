@@ -126,3 +126,103 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     if sys.platform == "linux":
         assert default_data_dir() == tmp_path / "xdg" / "awa" / "pg"
+
+
+HOLD_URL = PRINT_URL + "; import sys; sys.stdin.readline()"  # uses it until told to exit
+
+
+def _holder(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                "AWA_EMBEDDED_DIR": str(data_dir)}
+    full_env.pop("AWA_EMBEDDED_KEEP", None)
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_URL], env=full_env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def _release(proc: subprocess.Popen[str]) -> None:
+    _, err = proc.communicate("\n", timeout=120)
+    assert proc.returncode == 0, err
+
+
+def test_the_server_runs_while_any_process_uses_it(tmp_path: Path) -> None:
+    try:
+        worker, url = _holder(tmp_path)  # starts the server (as `awa worker` would)
+        ui, same = _holder(tmp_path)  # reuses it (as `awa serve` started afterwards)
+        assert same == url
+        _release(worker)  # the process that started it exits first ...
+        assert running(tmp_path) and fetchval(url, "select 1") == 1  # ... the UI still has it
+        dead, _ = _holder(tmp_path)
+        dead.kill()  # killed: its registration stays behind, and counts for nothing
+        dead.wait()
+        _release(ui)  # the last live user out stops it
+        assert not running(tmp_path)
+        assert [p.name for p in (tmp_path / "users").iterdir()] == []
+    finally:
+        stop_embedded(data_dir=tmp_path)
+
+
+def test_a_stopped_database_is_one_line_per_subsystem_in_the_workers_log(
+        tmp_path: Path) -> None:
+    import asyncio as aio
+    import time
+
+    from tests.helpers import ROOT, SUBPROCESS_PATH
+
+    import awa
+
+    try:
+        url = embedded_database_url(data_dir=tmp_path / "pg")
+        aio.new_event_loop().run_until_complete(awa.migrate(url))
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": SUBPROCESS_PATH}
+        log = tmp_path / "worker.log"
+        with log.open("w") as err:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "awa", "worker", "tests.apps.worker_app:client",
+                 "--queue", "procs=2", "--set=poll_interval_ms=50"],
+                env=env, cwd=ROOT, stderr=err)
+            try:
+                deadline = time.monotonic() + 60
+                while "worker started" not in log.read_text():
+                    assert time.monotonic() < deadline and worker.poll() is None
+                    time.sleep(0.1)
+                stop_embedded(data_dir=tmp_path / "pg")  # as another process would
+                deadline = time.monotonic() + 60
+                while log.read_text().count("the database is unreachable") < 5:
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.2)
+                time.sleep(3)  # many more claim and reconnect attempts: they stay quiet
+            finally:
+                worker.terminate()
+                worker.wait(timeout=60)
+        lines = log.read_text().splitlines()
+        assert not any("Traceback" in line for line in lines), "\n".join(lines)
+        failed = [line for line in lines if " failed: " in line]
+        subsystems = [line.split(" failed: ")[0].split(" ", 3)[-1] for line in failed]
+        assert len(subsystems) == len(set(subsystems)), "\n".join(failed)  # one line each
+        assert any("claim from 'procs'" in s for s in subsystems)
+        assert len(lines) < 40, "\n".join(lines)
+    finally:
+        stop_embedded(data_dir=tmp_path / "pg")
+
+
+def test_awa_serve_uses_the_embedded_server_from_its_start(tmp_path: Path) -> None:
+    from tests.helpers import ROOT, SUBPROCESS_PATH
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "AWA_EMBEDDED_KEEP")}
+    env.update(AWA_EMBEDDED_DIR=str(tmp_path), PYTHONPATH=SUBPROCESS_PATH)
+    serve = subprocess.Popen([sys.executable, "-m", "awa", "serve", "--port", "0"], env=env,
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert serve.stderr is not None
+        assert "Awa UI on http://127.0.0.1:" in serve.stderr.readline()
+        # before any request: running, and this process counted as one of its users
+        assert running(tmp_path)
+        assert [p.name for p in (tmp_path / "users").iterdir()] == [str(serve.pid)]
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    assert not running(tmp_path)  # it was the last user

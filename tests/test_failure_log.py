@@ -16,8 +16,8 @@ def test_first_failure_has_the_traceback_repeats_are_quiet_recovery_is_said(
     caplog.set_level(logging.WARNING, logger="awa.test_failures")
     for i in range(50):
         try:
-            raise ConnectionError(f"down {i}")
-        except ConnectionError as exc:
+            raise ValueError(f"bad {i}")
+        except ValueError as exc:
             failures.failed("claim from 'q'", exc)
     assert failures.failures("claim from 'q'") == 50
     assert len(caplog.records) == 1 and caplog.records[0].exc_info is not None
@@ -37,3 +37,30 @@ def test_a_long_outage_is_reminded_with_the_count(caplog: pytest.LogCaptureFixtu
     assert caplog.records[1].getMessage() == "promote pass still failing (2 times): " \
                                             "TimeoutError('slower')"
     assert caplog.records[1].exc_info is None
+
+
+def test_a_lost_database_is_one_line_without_a_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncpg
+
+    from awa.core.errors import DatabaseError
+
+    log = logging.getLogger("awa.test_failures")
+    caplog.set_level(logging.WARNING, logger="awa.test_failures")
+    lost: list[BaseException] = [
+        ConnectionRefusedError(111, "Connect call failed"),
+        asyncpg.CannotConnectNowError("the database system is shutting down"),
+        asyncpg.ConnectionDoesNotExistError("connection was closed"),
+        asyncpg.InterfaceError("pool is closing")]
+    wrapped = DatabaseError("ConnectionRefusedError: refused")
+    wrapped.__cause__ = ConnectionRefusedError(111, "refused")
+    for i, exc in enumerate([*lost, wrapped]):
+        failures = FailureLog(log, repeat_every=3600)
+        for _ in range(20):
+            failures.failed(f"subsystem {i}", exc)
+    assert len(caplog.records) == 5  # one line per subsystem, however many retries
+    assert all(r.exc_info is None for r in caplog.records)
+    assert all("the database is unreachable" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    FailureLog(log).failed("promote pass", TimeoutError("slow"))  # not a lost database
+    assert caplog.records[0].exc_info is not None

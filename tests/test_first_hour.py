@@ -72,6 +72,7 @@ async def test_job_outcomes_that_need_attention_are_logged(
     async def stuck(job: awa.Job) -> None:
         await asyncio.sleep(30)
 
+    awa.set_log_error_messages(False)  # messages may carry data that must not reach logs
     retried = await client.insert({"secret": "hunter2"}, kind="flaky", queue="q",
                                   max_attempts=2)
     timed_out = await client.insert({"secret": "hunter2"}, kind="stuck", queue="q",
@@ -83,12 +84,14 @@ async def test_job_outcomes_that_need_attention_are_logged(
         await wait_for_state(client, timed_out.id, awa.JobState.Failed)
     finally:
         await client.shutdown(timeout_ms=200)
+        awa.set_log_error_messages(None)
     records = [r for r in caplog.records if r.name == "awa.jobs"]
     lines = [(r.levelname, r.getMessage()) for r in records]
     assert ("WARNING", f"job {retried.id} (kind=flaky queue=q attempt=1/2) raised ValueError; "
-                       "retrying") in lines
+                       f"retrying (details: awa job dump {retried.id})") in lines
     assert ("ERROR", f"job {retried.id} (kind=flaky queue=q attempt=2/2) failed for good "
-                     "(ValueError, attempts used up)") in lines
+                     f"(ValueError, attempts used up; details: awa job dump {retried.id})") \
+        in lines
     rescue = [m for lvl, m in lines if m.startswith(f"job {timed_out.id} ")]
     assert rescue and "rescued: hard deadline exceeded" in rescue[0]
     assert "failed for good" in rescue[0]

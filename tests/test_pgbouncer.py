@@ -23,6 +23,8 @@ import awa
 from awa.db import pool as db_pool
 from awa.db.queries import queries
 
+pytestmark = pytest.mark.pgbouncer
+
 #: FAST, but a heartbeat delayed by a busy CI machine must not get a job
 #: rescued and run twice: these tests assert exactly-once execution.
 OPTIONS = {**FAST, "heartbeat_staleness_ms": 30_000}

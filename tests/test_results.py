@@ -190,6 +190,7 @@ async def test_sync_client_waits(sync_client: awa.Client, client: awa.AsyncClien
     assert same.id == job.id
 
 
+@pytest.mark.pgbouncer
 async def test_polls_behind_a_transaction_pooler(server_url: str, database_url: str) -> None:
     if binary() is None:
         pytest.skip(SKIP_REASON)

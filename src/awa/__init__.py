@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from awa import _moved, web
 from awa.admin.dlq import DlqEntry
-from awa.client import AsyncClient
+from awa.client import AsyncClient, run
 from awa.core import callback_contract
 from awa.core.backpressure import QueueDepth, Reject
 from awa.core.batch_spec import (
@@ -64,6 +64,7 @@ from awa.enqueue.partitioned import PartitionedQueue
 from awa.enqueue.transaction import Transaction
 from awa.enqueue.workflow import WorkflowRun, chain, chord, group, step
 from awa.sync import Client, SyncTransaction
+from awa.telemetry.joblog import set_log_error_messages
 from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
 from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
@@ -149,7 +150,9 @@ __all__ = [
     "migrate",
     "migrations",
     "migrations_range",
+    "run",
     "schema_patches",
+    "set_log_error_messages",
     "set_max_payload_bytes",
     "shutdown_telemetry",
     "step",

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -29,7 +31,7 @@ from awa.core.backpressure import Backpressure
 from awa.core.errors import ValidationError
 from awa.core.options import InsertOptions
 from awa.core.results import InsertedJob
-from awa.db import migrations
+from awa.db import dsn, migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
@@ -51,6 +53,9 @@ FollowUpFn = Callable[..., Any]
 EventFn = Callable[[JobEvent], Any]
 
 
+T = TypeVar("T")
+
+
 class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
     """A pool-backed client for one database and schema (default ``awa``).
 
@@ -67,7 +72,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         if command_timeout is not None:
             validate.check_seconds("command_timeout", command_timeout)
         self._command_timeout = command_timeout
-        self._url = database_url
+        self._url = None if database_url is None else dsn.check_url(database_url, "database_url")
+        if database_url is None and os.environ.get("DATABASE_URL"):  # say so here, not mid-run
+            dsn.check_url(os.environ["DATABASE_URL"], "$DATABASE_URL")
         self._max_connections = max_connections
         self._q: Queries = queries(schema)
         self._pool: asyncpg.Pool | None = None
@@ -347,6 +354,12 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             return handler
         return register
 
+    def _share_tasks(self, other: AsyncClient) -> None:
+        """Route inserts naming no queue by ``other``'s ``@task`` registrations (shared,
+        so later ones count too): a producer-only client next to the worker's."""
+        self._registry = other._registry
+        self._followups = other._followups
+
     # -- follow-ups and hooks (spec §4.6) ----------------------------------------------
 
     def on_completed_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
@@ -476,3 +489,15 @@ def _usable(conn: Conn) -> bool:
         return not conn.is_closed()
     except asyncpg.InterfaceError:
         return False
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` for a script that runs a worker in its own process: Ctrl-C ends
+    it with one line on stderr and exit status 130, instead of a ``CancelledError``
+    and ``KeyboardInterrupt`` traceback. ``async with client`` blocks still exit
+    (the worker shuts down) before it returns."""
+    try:
+        return asyncio.run(main)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): stopped", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -17,6 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from awa.client import AsyncClient
 from awa.core.backpressure import Backpressure, QueueDepth
+from awa.core.errors import ValidationError
 from awa.core.model import Job
 from awa.core.options import InsertOptions
 from awa.core.results import InsertedJob
@@ -156,13 +157,26 @@ class SyncPacer:
 
 
 class Client:
-    """Synchronous client with the enqueue, admin, DLQ and callback methods."""
+    """Synchronous client with the enqueue, admin, DLQ and callback methods.
+
+    ``tasks``: the `AsyncClient` whose ``@task`` registrations your workers run.
+    An insert naming no queue then goes to the queue its kind's task serves (as
+    on that client; registrations made later count too), rather than to
+    ``"default"``: ``awa.Client(tasks=worker.client).insert(SendEmail(...))``.
+    """
 
     def __init__(self, database_url: str | None = None, max_connections: int = 10, *,
-                 schema: str = "awa", command_timeout: float | None = None) -> None:
+                 schema: str = "awa", command_timeout: float | None = None,
+                 tasks: AsyncClient | None = None) -> None:
+        if tasks is not None and not isinstance(tasks, AsyncClient):
+            raise ValidationError("tasks", "must be an awa.AsyncClient (the one whose @task "
+                                           f"registrations route inserts), got "
+                                           f"{type(tasks).__name__}")
         self._loop = LoopThread()
         self._async = self._loop.run(_make_async(database_url, max_connections, schema,
                                                  command_timeout))
+        if tasks is not None:
+            self._async._share_tasks(tasks)
 
     def close(self) -> None:
         """Close the pool and stop the private event loop."""

@@ -7,8 +7,10 @@
 - `HandlerJob`: a stand-in ``job`` for unit tests with no database; its
   ``enqueue_on_completion`` validates and enforces the limits like the real
   one and records requests in ``job.staged``.
-- The ``awa_client`` pytest fixture (this module is a pytest plugin):
-  ``$AWA_TEST_DATABASE_URL``, else ``$DATABASE_URL``, else the embedded server;
+- The ``awa_client`` pytest fixture (this module is a pytest plugin), which
+  deletes every job of the database it uses: ``$AWA_TEST_DATABASE_URL`` if set,
+  else a database of its own, ``<name>_awa_test``, created next to the one
+  ``$DATABASE_URL`` (or the embedded server) names, which it never touches;
   override the ``awa_database_url`` fixture to point it elsewhere.
 """
 
@@ -16,17 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Unpack
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
 
 from awa.client import AsyncClient
 from awa.core import states
 from awa.core.callback_rules import compile_rules
+from awa.core.errors import ConfigError
 from awa.core.model import CallbackToken, Job, Outcome
 from awa.core.options import InsertOptions
+from awa.db import dsn
+from awa.db.pool import resolve_database_url
+from awa.db.queries import queries
 from awa.enqueue.producer import PreparedJob
 from awa.maintenance.services import DependencyReleaser
 from awa.worker.completion import Completer
@@ -251,6 +261,49 @@ class HandlerJob:
 
 # -- pytest plugin -------------------------------------------------------------------
 
+#: `awa_client`'s own database is named after the one ``$DATABASE_URL`` names, plus this.
+TEST_DATABASE_SUFFIX = "_awa_test"
+_created: set[str] = set()
+
+
+def fixture_database_name(database: str) -> str:
+    """``app`` → ``app_awa_test``: a plain identifier (at most 63 bytes), whatever ``database``."""
+    base = re.sub(r"[^a-z0-9_]", "_", database.lower())[:63 - len(TEST_DATABASE_SUFFIX)]
+    if not re.match(r"[a-z_]", base):
+        base = "awa" + base[:60 - len(TEST_DATABASE_SUFFIX)]
+    return base + TEST_DATABASE_SUFFIX
+
+
+async def own_test_database(server_url: str) -> str:
+    """The URL of `awa_client`'s own database on ``server_url``'s server (created when
+    missing), so the fixture's cleaning never deletes the jobs of the database
+    ``server_url`` names."""
+    parts = urlsplit(server_url)
+    user = parts.username or "postgres"
+    name = fixture_database_name(parts.path.lstrip("/") or user)
+    url = urlunsplit(parts._replace(path="/" + name))
+    if url in _created:
+        return url
+    conn = await asyncpg.connect(dsn.parse(server_url).dsn)
+    try:
+        if not await conn.fetchval(queries()["connection_database_exists"], name):
+            try:
+                # sql-safe: name is fixture_database_name()'s [a-z_][a-z0-9_]* identifier, quoted
+                await conn.execute(f'CREATE DATABASE "{name}"')
+            except asyncpg.DuplicateDatabaseError:
+                pass  # another test process made it meanwhile
+            except asyncpg.PostgresError as exc:
+                raise ConfigError(
+                    f"awa_client uses a database of its own and could not create {name!r} "
+                    f"({type(exc).__name__}: {dsn.redact(str(exc))}); set "
+                    "AWA_TEST_DATABASE_URL to a database whose jobs it may delete",
+                    field="AWA_TEST_DATABASE_URL") from None
+    finally:
+        await conn.close()
+    _created.add(url)
+    return url
+
+
 try:
     import pytest
     import pytest_asyncio
@@ -259,13 +312,16 @@ except ImportError:  # pragma: no cover - the plugin needs pytest and pytest-asy
 else:
     @pytest.fixture
     def awa_database_url() -> str | None:
-        """The database `awa_client` uses (override this fixture to choose another)."""
-        return os.environ.get("AWA_TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+        """The database `awa_client` uses and cleans: ``$AWA_TEST_DATABASE_URL``, else
+        None, a database of its own (`own_test_database`). Override to choose another."""
+        return os.environ.get("AWA_TEST_DATABASE_URL") or None
 
     @pytest_asyncio.fixture
     async def awa_client(awa_database_url: str | None) -> AsyncIterator[AwaTestClient]:
-        """A migrated, cleaned `AwaTestClient`."""
-        async with AsyncClient(awa_database_url) as client:
+        """A migrated, cleaned `AwaTestClient` (cleaning deletes every job of its database)."""
+        url = awa_database_url or await own_test_database(
+            await asyncio.to_thread(resolve_database_url, None))
+        async with AsyncClient(url) as client:
             test_client = AwaTestClient(client)
             await test_client.migrate()
             await test_client.clean()

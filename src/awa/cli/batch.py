@@ -12,7 +12,6 @@ from typing import Any, cast
 
 import click
 
-from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
     confirm,
@@ -23,6 +22,7 @@ from awa.cli.output import (
     json_option,
     run_with_client,
     say,
+    yes_option,
 )
 from awa.cli.root import main
 from awa.core.batch_spec import (

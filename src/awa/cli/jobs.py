@@ -15,17 +15,17 @@ from awa.cli.output import (
     confirm,
     emit,
     emit_document,
+    emit_job,
     fail,
     full_option,
     json_option,
     run_with_client,
+    yes_option,
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 from awa.cli.root import main
 from awa.core.serialize import nested_too_deeply
 from awa.enqueue import bulk
-
-yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 
 
 @main.group()
@@ -74,19 +74,19 @@ def job_dump_run(obj: dict[str, Any], job_id: int, attempt: int | None, full: bo
 @job.command("retry")
 @click.argument("job_id", type=int)
 @yes_option
-@full_option
+@click.option("--full", is_flag=True, help="Show every field of the job, whole.")
 @json_option
 @click.pass_obj
 def job_retry(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json: bool) -> None:
     """Send a failed, cancelled or waiting job back to available."""
     confirm(yes, f"Retry job {job_id}?")
-    emit(run_with_client(obj, lambda c: c.retry(job_id)), as_json, full=full)
+    emit_job(run_with_client(obj, lambda c: c.retry(job_id)), as_json, full)
 
 
 @job.command("cancel")
 @click.argument("job_id", type=int)
 @yes_option
-@full_option
+@click.option("--full", is_flag=True, help="Show every field of the job, whole.")
 @json_option
 @click.pass_obj
 def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json: bool) -> None:
@@ -95,7 +95,7 @@ def job_cancel(obj: dict[str, Any], job_id: int, yes: bool, full: bool, as_json:
     cancelled = run_with_client(obj, lambda c: c.cancel(job_id))
     if cancelled is None:
         fail(f"job {job_id} had already finished")
-    emit(cancelled, as_json, full=full)
+    emit_job(cancelled, as_json, full)
 
 
 @job.command("retry-failed")
@@ -142,9 +142,10 @@ def job_discard(obj: dict[str, Any], kind: str, chunk_size: int, yes: bool,
               show_default=True, help="Jobs per COPY (one progress step each).")
 @full_option
 @json_option
+@yes_option
 @click.pass_obj
 def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority: int,
-            count: int, chunk_size: int, full: bool, as_json: bool) -> None:
+            count: int, chunk_size: int, full: bool, as_json: bool, yes: bool) -> None:
     """Enqueue ad-hoc jobs of KIND (many copies go in by COPY, a chunk at a time)."""
     try:
         if nested_too_deeply(args_json):

@@ -12,17 +12,20 @@ import click
 
 import awa
 from awa.admin import jobs as admin
-from awa.cli.jobs import yes_option
 from awa.cli.output import (
     JOB_COLUMNS,
     confirm,
+    current_format,
     emit,
+    emit_job,
     fail,
     first_line,
     full_option,
     json_option,
+    plain,
     run_with_client,
     say,
+    yes_option,
 )
 from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.cli.root import main
@@ -43,7 +46,10 @@ def queue() -> None:
 @click.pass_obj
 def queue_stats(obj: dict[str, Any], full: bool, as_json: bool) -> None:
     """Counts per state, completions in the last hour, lag and pause, per queue."""
-    stats = run_with_client(obj, lambda c: c.queue_stats())
+    stats: Any = run_with_client(obj, lambda c: c.queue_stats())
+    if not as_json:  # people read seconds to a tenth; --json keeps the exact value
+        stats = [{**row, "lag_seconds": None if row["lag_seconds"] is None
+                  else f"{row['lag_seconds']:.1f}"} for row in plain(stats)]
     emit(stats, as_json, ("queue", "available", "scheduled", "retryable", "running",
                           "waiting_external", "failed", "completed_last_hour", "lag_seconds",
                           "paused"), title="queues", full=full)
@@ -99,8 +105,10 @@ def require_queue(obj: dict[str, Any], name: str, verb: str) -> None:
 @click.argument("name")
 @click.option("--by", "paused_by", default=None, help="Who is pausing (recorded).")
 @create_option
+@yes_option
 @click.pass_obj
-def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None, create: bool) -> None:
+def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None, create: bool,
+                yes: bool) -> None:
     """Stop workers claiming from a queue (inserts still succeed)."""
     if not create:
         require_queue(obj, name, "pause")
@@ -110,8 +118,9 @@ def queue_pause(obj: dict[str, Any], name: str, paused_by: str | None, create: b
 
 @queue.command("resume")
 @click.argument("name")
+@yes_option
 @click.pass_obj
-def queue_resume(obj: dict[str, Any], name: str) -> None:
+def queue_resume(obj: dict[str, Any], name: str, yes: bool) -> None:
     """Let workers claim from a queue again."""
     run_with_client(obj, lambda c: c.resume_queue(name))
     say(f"resumed {name}")
@@ -166,6 +175,9 @@ def dlq_depth(obj: dict[str, Any], queue: str | None, as_json: bool) -> None:
         by_queue = {queue: run_with_client(obj, lambda c: c.dlq_depth(queue=queue))}
     else:
         by_queue = run_with_client(obj, lambda c: c.dlq_depth_by_queue())
+    if not by_queue and not as_json and current_format() != "tsv":
+        say("the dead letter queue is empty")
+        return
     emit(by_queue, as_json)
 
 
@@ -185,7 +197,7 @@ def dlq_retry(obj: dict[str, Any], job_id: int, queue: str | None, priority: int
                                                           priority=priority))
     if job is None:
         fail(f"job {job_id} is not in the dead letter queue")
-    emit(job, as_json, full=full)
+    emit_job(job, as_json, full)
 
 
 @dlq.command("retry-bulk")
@@ -297,8 +309,9 @@ _CRON_ACTIONS = {
 def _cron_action(verb: str, method: str, summary: str) -> None:
     @cron.command(verb, help=summary)
     @click.argument("name")
+    @yes_option
     @click.pass_obj
-    def command(obj: dict[str, Any], name: str) -> None:
+    def command(obj: dict[str, Any], name: str, yes: bool) -> None:
         result = run_with_client(obj, lambda c: getattr(c, method)(name))
         if result is False:
             fail(f"no cron schedule named {name!r}")

@@ -52,6 +52,9 @@ _TSV_ESCAPES: dict[int, str] = {**_ESCAPES, ord("\\"): "\\\\"}
 _JSON_ESCAPES: dict[int, str] = {c: f"\\u{c:04x}" for c in (0x7F, *range(0x80, 0xA0),
                                                               *_BIDI_AND_SEPARATORS)}
 
+#: Every command that changes something takes it (one that asks nothing ignores it).
+yes_option = click.option("--yes", is_flag=True, help="Do not ask for confirmation "
+                          "(accepted by every command that changes something).")
 full_option = click.option("--full", is_flag=True,
                            help="Show long values whole instead of cut short.")
 
@@ -195,6 +198,22 @@ def emit(data: Any, as_json: bool, columns: Sequence[str] | None = None,
             click.echo(f"{keys[key]:<{width}}  {_clip(_cell(value), limit)}")
     else:
         say(str(data))
+
+
+#: What `emit_job` shows of a job a command acted on (``--full`` shows every field).
+JOB_SUMMARY = ("id", "kind", "queue", "state", "attempt", "max_attempts", "run_at")
+
+
+def emit_job(job: Any, as_json: bool, full: bool) -> None:
+    """A job a command acted on: its summary and where the rest is (``awa job dump``);
+    every field with ``full``; the exact row with ``as_json``."""
+    if as_json or full:
+        emit(job, as_json, full=full)
+        return
+    row = plain(job)
+    summary = {k: row.get(k) for k in JOB_SUMMARY}
+    summary["details"] = f"awa job dump {row.get('id')}"
+    emit(summary, False)
 
 
 def _cell(value: Any) -> str:

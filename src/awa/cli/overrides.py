@@ -6,9 +6,8 @@ from typing import Any
 
 import click
 
-from awa.cli.jobs import yes_option
 from awa.cli.operations import create_option, queue, require_queue
-from awa.cli.output import confirm, emit, full_option, json_option, run_with_client, say
+from awa.cli.output import confirm, emit, full_option, json_option, run_with_client, say, yes_option
 from awa.cli.root import main
 from awa.worker.overrides import FIELDS
 

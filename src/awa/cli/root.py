@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import importlib
 import json
 import logging
@@ -17,6 +18,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 import awa
 from awa.cli.output import (
@@ -27,12 +29,13 @@ from awa.cli.output import (
     first_line,
     global_format_option,
     say,
+    yes_option,
 )
 from awa.cli.progress import Bar, bars_enabled
 from awa.core.errors import AwaError
 from awa.core.serialize import nested_too_deeply
 from awa.db import migrations
-from awa.db.dsn import redact
+from awa.db.dsn import check_url, redact
 from awa.db.errors import translated
 
 
@@ -46,6 +49,8 @@ def _run(coro: Any) -> Any:
 
 
 @click.group(cls=SafeGroup)
+@click.version_option(awa.__version__, "--version", prog_name="awa",
+                      message="%(prog)s %(version)s")
 @click.option("--database-url", envvar="DATABASE_URL", default=None,
               help="PostgreSQL URL (default: $DATABASE_URL, else the embedded server).")
 @click.option("--schema", default="awa", show_default=True, help="Schema holding Awa's tables.")
@@ -53,6 +58,12 @@ def _run(coro: Any) -> Any:
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
     """Awa job queue CLI: a Postgres-native job queue."""
+    if database_url is not None:
+        from_env = ctx.get_parameter_source("database_url") is ParameterSource.ENVIRONMENT
+        try:
+            check_url(database_url, "$DATABASE_URL" if from_env else "--database-url")
+        except AwaError as exc:
+            fail(str(exc))
     ctx.obj = {"url": database_url, "schema": schema}
 
 
@@ -64,9 +75,10 @@ def main(ctx: click.Context, database_url: str | None, schema: str) -> None:
               help="Print the SQL of the migrations after this version (exclusive).")
 @click.option("--to", "to_version", type=int, default=None,
               help="... up to this version (inclusive; default: the newest).")
+@yes_option
 @click.pass_obj
 def migrate(obj: dict[str, Any], print_sql: bool, only: int | None, from_version: int | None,
-            to_version: int | None) -> None:
+            to_version: int | None, yes: bool) -> None:
     """Apply pending schema migrations (safe to run from many processes)."""
     if only is not None or from_version is not None or to_version is not None:
         _print_migrations(obj["schema"], only, from_version, to_version)
@@ -145,10 +157,28 @@ def _load_client(target: str) -> awa.AsyncClient:
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {first_line(exc)}",
                                  param_hint="target") from None
-    client = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        near = difflib.get_close_matches(attr, [n for n in dir(module)
+                                                if isinstance(getattr(module, n, None),
+                                                              awa.AsyncClient)], n=1)
+        hint = f" (did you mean {module_name}:{near[0]}?)" if near else ""
+        raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}{hint}",
+                                 param_hint="target")
+    client = getattr(module, attr)
     if not isinstance(client, awa.AsyncClient):
-        raise click.BadParameter(f"{target!r} is not an awa.AsyncClient", param_hint="target")
+        raise click.BadParameter(f"{target!r} is a {type(client).__name__}, not an "
+                                 "awa.AsyncClient", param_hint="target")
     return client
+
+
+def _served(client: awa.AsyncClient) -> str:
+    """``shipping (10 workers), mail (4 workers)``: what a started worker serves."""
+    runtime = client._runtime
+    if runtime is None:
+        return "no queues"
+    return ", ".join(f"{q.name} ({q.max_workers} workers)" if runtime.config.global_max_workers
+                     is None else f"{q.name} (weight {q.weight}, min {q.min_workers})"
+                     for q in runtime.config.queues)
 
 
 @main.command()
@@ -206,7 +236,7 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
         await client.start(queue_list, **start_options)
-        log.info("worker started (pid %s)", _pid())
+        log.info("worker started (pid %s) serving queues: %s", _pid(), _served(client))
         await stop.wait()
         log.info("shutting down")
         runtime = client.runtime

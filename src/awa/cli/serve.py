@@ -7,13 +7,18 @@ error (exit 1); the URL is printed once the server is accepting connections.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
+from types import FrameType
 from typing import Any
 
 import click
 
 from awa.cli.output import fail, first_line, say
 from awa.cli.root import main
+from awa.core.errors import AwaError
+from awa.db.pool import resolve_database_url
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -62,7 +67,13 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
     if allowed_hosts or not token:
         wildcard = host in ("0.0.0.0", "::", "")
         hosts = [*LOOPBACK_HOSTS, *([] if wildcard else [host]), *allowed_hosts]
-    app = ui_app(obj["url"], read_only=read_only, token=token or None, schema=obj["schema"],
+    url = obj["url"]
+    if url is None:  # $DATABASE_URL, else the embedded server: resolved (started) now, so this
+        try:         # process uses it from the start and keeps it running while it serves
+            url = resolve_database_url(None)
+        except AwaError as exc:
+            fail(first_line(exc))
+    app = ui_app(url, read_only=read_only, token=token or None, schema=obj["schema"],
                  allowed_hosts=hosts)
     announce = _url_of(host, sock) + (" (read-only)" if read_only else "")
 
@@ -73,5 +84,14 @@ def serve(obj: dict[str, Any], host: str, port: int, read_only: bool,
                 say(f"Awa UI on {announce}", err=True)
 
     config = uvicorn.Config(app, log_level=os.environ.get("AWA_LOG_LEVEL", "warning"))
+    # uvicorn shuts down on SIGTERM/SIGINT, then raises the signal again with the handler it
+    # found: make that an exit, so atexit still runs (it hands the embedded server back).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    signal.signal(signal.SIGINT, _exit_on_signal)
     with sock:
         Server(config).run(sockets=[sock])
+
+
+def _exit_on_signal(sig: int, _frame: FrameType | None) -> None:
+    """Exit with the shell's status for ``sig`` (128 + its number), running atexit."""
+    sys.exit(128 + sig)

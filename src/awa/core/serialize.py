@@ -182,7 +182,7 @@ def dumps(value: Any, field: str, *, sized: bool = True) -> str:
         raise ValidationError(field, f"nested deeper than {states.JSON_MAX_DEPTH} "
                                      "levels of lists and objects") from None
     except (TypeError, ValueError) as exc:
-        raise SerializationError(f"{field}: {exc}") from exc
+        raise SerializationError(f"{_where(value, field)}: {exc}") from exc
     if "\\u0000" in text and _contains_nul(value):
         raise ValidationError(field, "must not contain NUL characters (null bytes)")
     ascii_only = text.isascii()
@@ -197,6 +197,35 @@ def dumps(value: Any, field: str, *, sized: bool = True) -> str:
         raise ValidationError(field, f"nested deeper than {states.JSON_MAX_DEPTH} "
                                      "levels of lists and objects")
     return text
+
+
+def _where(value: Any, field: str, depth: int = 0) -> str:
+    """The path of the first value JSON refuses inside ``value`` (``args.address.since``,
+    ``args.lines[2]``), for the error message; ``field`` if none is found."""
+    if depth > states.JSON_MAX_DEPTH:
+        return field
+    try:
+        if isinstance(value, dict):
+            items: list[tuple[str, Any]] = [
+                (f"{field}.{k}" if isinstance(k, str) else f"{field}[{k!r}]", v)
+                for k, v in value.items()]
+            for k in value:
+                if not isinstance(k, str | int | float | bool) and k is not None:
+                    return f"{field}[{k!r}]"
+        elif isinstance(value, list | tuple):
+            items = [(f"{field}[{i}]", v) for i, v in enumerate(value)]
+        elif value is None or isinstance(value, str | int | float | bool):
+            return field
+        else:
+            return _where(_json_default(value), field, depth + 1)
+    except (TypeError, ValueError):
+        return field
+    for path, item in items:
+        try:
+            _ENCODER.encode(item)
+        except (TypeError, ValueError, RecursionError):
+            return _where(item, path, depth + 1)
+    return field
 
 
 def dumps_many(values: Sequence[Any], field: str) -> list[str]:

@@ -35,6 +35,25 @@ class Target:
     pooler: bool | None  # declared in the URL; None: detect
 
 
+_SCHEMES = ("postgresql://", "postgres://")
+#: ``user:password@host`` with the scheme left out: the password still stays out.
+_NO_SCHEME_PASSWORD = re.compile(r"^([^\s:/@]*:)[^\s]*@")
+#: What a good URL looks like, in the messages about a bad one.
+EXAMPLE_URL = "postgresql://user:password@localhost:5432/dbname"
+
+
+def check_url(url: str, source: str) -> str:
+    """``url`` if it is a PostgreSQL URL; else a `ValidationError` naming where it came
+    from (``source``: ``$DATABASE_URL``, ``--database-url``, ``database_url``)."""
+    if not isinstance(url, str):
+        raise ValidationError(source, f"must be a PostgreSQL URL string, got {type(url).__name__}")
+    if not url.strip().lower().startswith(_SCHEMES):
+        shown = _NO_SCHEME_PASSWORD.sub(r"\1" + REDACTED + "@", redact(url))
+        raise ValidationError(source, f"must be a PostgreSQL URL such as {EXAMPLE_URL} "
+                                      f"(got {shown!r})")
+    return url
+
+
 def parse(url: str) -> Target:
     """Split Awa's ``pgbouncer`` option off ``url``; other options pass through."""
     parts = urlsplit(url)

@@ -12,13 +12,17 @@ Data dir: ``$AWA_EMBEDDED_DIR``, else the user data dir (platformdirs when impor
     lock       fcntl lock: one process at a time may initdb, start or stop
     password   random password of the ``awa`` superuser (0600)
     port       last port used, taken again on the next start when free
+    users/     one file per process using the server (``PID START``), removed at its exit
     pgdata/    the cluster, with ``postgresql.log``; PostgreSQL's ``postmaster.pid`` there
                tells whether a server runs (it is reused if its pid lives and its port answers)
 
 The server listens on 127.0.0.1 only (no Unix socket), scram-sha-256, C locale, UTF8,
-``max_connections=300``, default durability. The process that started it stops it (fast) at
-interpreter exit unless ``AWA_EMBEDDED_KEEP=1``; processes that reused it, or were killed by a
-signal, leave it running for the next caller.
+``max_connections=300``, default durability. Every process that asks for its URL (a worker,
+``awa serve``, a script, the CLI) registers under ``users/``; at interpreter exit it
+unregisters, and the last live user out stops the server (fast), whichever process started
+it, unless ``AWA_EMBEDDED_KEEP=1``. So ``awa serve`` and ``awa worker`` may start and stop in
+any order: the server runs while any of them does. A process killed by a signal leaves its
+file behind; a dead process's file is ignored and removed.
 
 Root: PostgreSQL refuses to run as root, so when euid is 0, initdb and pg_ctl run via
 ``subprocess(user=, group=, extra_groups=[])`` as: the owner of an existing pgdata if not root,
@@ -60,7 +64,7 @@ SERVER_OPTIONS = (  # after -p PORT; pg_ctl hands them to postgres through /bin/
 _CREATE_DB = ("SELECT 'CREATE DATABASE awa' "
               "WHERE 'awa' NOT IN (SELECT datname FROM pg_database)\\gexec\n")
 
-# data dir -> (pid of the process that started the server, postmaster pid)
+# data dir -> (pid of the process that registered as a user, postmaster pid)
 _started: dict[Path, tuple[int, int]] = {}
 
 
@@ -98,7 +102,8 @@ def embedded_database_url(*, data_dir: Path | None = None) -> str:
         running = _running(pgdata)
         if running is None:
             running = _start(data_dir, pgdata, account, bins)
-            _started[data_dir] = (os.getpid(), running[0])
+        _register(data_dir)
+        _started[data_dir] = (os.getpid(), running[0])
         try:
             password = (data_dir / "password").read_text().strip()
         except FileNotFoundError:
@@ -118,6 +123,43 @@ def stop_embedded(*, data_dir: Path | None = None) -> None:
     if (data_dir / "pgdata").is_dir():
         with _locked(data_dir):
             _stop(data_dir / "pgdata")
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot), so a reused pid is not taken
+    for the process that registered; ``"?"`` where /proc cannot tell."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+        return stat_line.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _register(data_dir: Path) -> None:
+    """Record this process as a user of the server (caller holds the lock)."""
+    users = data_dir / "users"
+    users.mkdir(exist_ok=True)
+    (users / str(os.getpid())).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+
+
+def _live_users(data_dir: Path) -> list[int]:
+    """Pids of the processes using the server; a dead one's file is removed (lock held)."""
+    live = []
+    for entry in (data_dir / "users").glob("*"):
+        try:
+            pid_text, started = entry.read_text().split()
+            pid = int(pid_text)
+            os.kill(pid, 0)
+            alive = started == "?" or _start_time(pid) in (started, "?")
+        except PermissionError:
+            alive = True  # another account's live process
+        except (OSError, ValueError):
+            alive = False
+        if alive:
+            live.append(pid)
+        else:
+            entry.unlink(missing_ok=True)
+    return live
 
 
 def _bin_dir() -> Path:
@@ -314,16 +356,18 @@ def _tail(text: str, pgdata: Path | None = None, offset: int = 0) -> str:
 
 @atexit.register
 def _stop_started() -> None:
-    """At exit, stop the servers this process started (and that still run), unless asked not to."""
-    if os.environ.get("AWA_EMBEDDED_KEEP", "").lower() in ("1", "true", "yes"):
-        return
-    for data_dir, (starter, postmaster) in list(_started.items()):
-        if starter != os.getpid():  # a forked child inherited the record
+    """At exit, unregister from the servers this process used; the last live user stops one
+    (unless ``AWA_EMBEDDED_KEEP=1``)."""
+    keep = os.environ.get("AWA_EMBEDDED_KEEP", "").lower() in ("1", "true", "yes")
+    for data_dir, (user, _postmaster_pid) in list(_started.items()):
+        if user != os.getpid():  # a forked child inherited the record
             continue
         try:
             with _locked(data_dir):
-                if (found := _postmaster(data_dir / "pgdata")) and found[0] == postmaster:
-                    _stop(data_dir / "pgdata")
+                (data_dir / "users" / str(user)).unlink(missing_ok=True)
+                if keep or _live_users(data_dir):
+                    continue  # another process still uses it
+                _stop(data_dir / "pgdata")  # whoever (re)started it: nobody else uses it
         except Exception as exc:
             print(f"awa: could not stop the embedded PostgreSQL: {exc}", file=sys.stderr)
     _started.clear()

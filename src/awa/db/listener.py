@@ -23,9 +23,9 @@ import asyncpg
 from awa.core import states
 from awa.core.waiting import wait_event
 from awa.db import dsn
-from awa.db.dsn import redact
 from awa.db.pool import behind_pooler, connect
 from awa.db.queries import Queries
+from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.runtime")
 CHANNELS = ("awa_jobs", "awa_cancel", "awa_callback")
@@ -62,6 +62,9 @@ class Listener:
         poll_ms = round(self._poll * 1000)
         probe_every = states.LISTEN_PROBE_INTERVAL.total_seconds()
         probed_at = time.monotonic()
+        failures = FailureLog(log)  # a lost database: one line, not one per reconnect
+        # sql-safe: a log line's subject, never SQL
+        what = f"LISTEN connection (polling every {poll_ms} ms meanwhile)"
         if dsn.parse(self._url).pooler:
             log.info("pgbouncer=true: LISTEN/NOTIFY is not used behind a transaction "
                      "pooler; polling every %d ms", poll_ms)
@@ -82,6 +85,7 @@ class Listener:
                         await conn.add_listener(channel, self._deliver)
                     self._conn = conn
                     self._on_connected()
+                    failures.ok(what)
                     delay = 0.1
                     probed_at = time.monotonic()
                 await asyncio.sleep(self._poll)
@@ -94,8 +98,7 @@ class Listener:
                     conn.terminate()
                 raise
             except Exception as exc:
-                log.warning("LISTEN connection unavailable (%s); polling every %d ms",
-                            redact(str(exc) or type(exc).__name__), poll_ms)
+                failures.failed(what, exc)
                 if conn is not None and not conn.is_closed():
                     conn.terminate()  # a half-open one would never close by itself
                 self._conn = None

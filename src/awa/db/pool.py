@@ -12,7 +12,9 @@ process id the server announces at connection start is not the one
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from typing import Any, Literal
 
 import asyncpg
@@ -22,6 +24,32 @@ from awa.core.serialize import nested_too_deeply
 from awa.core.states import CLAIM_PLAN_LIFETIME
 from awa.db import dsn
 from awa.db.queries import queries
+from awa.telemetry.failures import REPEAT_EVERY, UNREACHABLE_HINT, unreachable
+
+
+class _QuietPoolFloor(logging.Filter):
+    """asyncpg's pool logs "Failed to restore the pool connection floor" with a traceback
+    every few hundred milliseconds while the database is down (hundreds of lines a
+    minute): while it is unreachable, one line every `REPEAT_EVERY` seconds, without."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = -REPEAT_EVERY
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not unreachable(exc):
+            return True
+        now = time.monotonic()
+        if now - self._last < REPEAT_EVERY:
+            return False
+        self._last = now
+        record.msg, record.args = "%s: %r: %s", (record.getMessage(), exc, UNREACHABLE_HINT)
+        record.exc_info = record.exc_text = None
+        return True
+
+
+logging.getLogger("asyncpg.pool").addFilter(_QuietPoolFloor())
 
 #: A connection as Awa code receives it: direct, or borrowed from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -75,10 +103,10 @@ async def init_connection(conn: asyncpg.Connection) -> None:
 def resolve_database_url(database_url: str | None) -> str:
     """An explicit URL, else ``$DATABASE_URL``, else the embedded server's."""
     if database_url:
-        return database_url
+        return dsn.check_url(database_url, "database_url")
     env = os.environ.get("DATABASE_URL")
     if env:
-        return env
+        return dsn.check_url(env, "$DATABASE_URL")
     from awa.db.embedded import embedded_database_url
 
     return embedded_database_url()

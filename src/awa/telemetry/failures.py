@@ -4,7 +4,10 @@ While the database is down, every claim loop, maintenance service and
 completion retry fails again and again. `FailureLog` writes the first failure
 of a subsystem with its traceback, then at most one line per `REPEAT_EVERY`
 with the count and the latest error (no traceback), and one line when it works
-again. The counters the health checks read are kept by their owners, unchanged.
+again. A lost database (refused, closed or shutting-down connections: see
+`unreachable`) is one line even the first time, with no traceback and a word on
+what it means: the same traceback from ten subsystems tells nobody anything.
+The counters the health checks read are kept by their owners, unchanged.
 """
 
 from __future__ import annotations
@@ -12,8 +15,33 @@ from __future__ import annotations
 import logging
 import time
 
+import asyncpg
+
 #: The shortest gap between two log lines about the same ongoing failure.
 REPEAT_EVERY = 30.0
+
+
+#: What a lost database's first line adds: what happened, and what Awa does about it.
+UNREACHABLE_HINT = ("the database is unreachable (stopped, restarting, or stopped by another "
+                    "process?); retrying, a line every 30 s until it answers")
+
+_LOST = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+         asyncpg.InterfaceError)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) says the database cannot be reached: refused
+    or dropped connections, a server shutting down. A timeout is not one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, TimeoutError):
+            return False
+        if isinstance(current, (OSError, *_LOST)):
+            return True
+        current = current.__cause__
+    return False
 
 
 class FailureLog:
@@ -29,7 +57,10 @@ class FailureLog:
         count, logged = self._failing.get(what, (0, 0.0))
         now = time.monotonic()
         if count == 0:
-            self._log.warning("%s failed: %r", what, exc, exc_info=exc)
+            if unreachable(exc):
+                self._log.warning("%s failed: %r: %s", what, exc, UNREACHABLE_HINT)
+            else:
+                self._log.warning("%s failed: %r", what, exc, exc_info=exc)
             logged = now
         elif now - logged >= self._repeat_every:
             self._log.warning("%s still failing (%d times): %r", what, count + 1, exc)

@@ -45,6 +45,7 @@ from awa.maintenance.services import (
 )
 from awa.telemetry import joblog
 from awa.telemetry import otel as telemetry
+from awa.telemetry.failures import unreachable
 from awa.worker import descriptors, overrides
 from awa.worker.capacity import Capacity
 from awa.worker.completion import Completer
@@ -319,8 +320,9 @@ class Runtime:
         try:
             await self.leader.resign()
             await cast(Presence, self.service("presence")).remove()
-        except Exception:
-            log.warning("could not resign leadership or remove presence", exc_info=True)
+        except Exception as exc:  # a lost database: one line, its traceback says nothing more
+            log.warning("could not resign leadership or remove presence: %r", exc,
+                        exc_info=not unreachable(exc))
         if self._runtime_pool is not None:
             await self._runtime_pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)

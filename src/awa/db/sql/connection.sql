@@ -13,3 +13,7 @@ SELECT pg_notify($1, '')
 -- name: connection_ping
 -- The LISTEN connection's liveness probe (a half-open connection times out).
 SELECT 1
+
+-- name: connection_database_exists
+-- Whether a database of this name exists on the server (the test fixture's own).
+SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)

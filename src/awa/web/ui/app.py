@@ -29,8 +29,10 @@ from awa.core.errors import (
     BatchOperationNotFound,
     DatabaseError,
     JobNotFound,
+    SchemaNotMigrated,
     ValidationError,
 )
+from awa.db.errors import translate
 from awa.web.ui.actions import routes as api_routes
 from awa.web.ui.guard import LOOPBACK_HOSTS, MAX_BODY_BYTES, RequestGuard
 from awa.web.ui.state import UiState
@@ -61,7 +63,9 @@ def _guard(state: UiState, handler: Handler, *, mutation: bool) -> Handler:
             if await state.read_only():
                 return _error(403, "read-only mode: mutations are refused")
         try:
-            return await handler(request)
+            return await _schema_checked(handler, request)
+        except SchemaNotMigrated as exc:  # what the CLI, worker and client say too
+            return _error(503, str(exc))
         except (JobNotFound, BatchOperationNotFound) as exc:
             return _error(404, str(exc))
         except ValidationError as exc:
@@ -73,6 +77,17 @@ def _guard(state: UiState, handler: Handler, *, mutation: bool) -> Handler:
         except asyncpg.QueryCanceledError:
             return _error(503, "the query took too long; narrow the filter")
     return wrapped
+
+
+async def _schema_checked(handler: Handler, request: Request) -> Response:
+    """Run ``handler``; a driver error that means "no Awa schema" becomes `SchemaNotMigrated`."""
+    try:
+        return await handler(request)
+    except asyncpg.PostgresError as exc:
+        err = translate(exc)
+        if isinstance(err, SchemaNotMigrated):
+            raise err from exc
+        raise
 
 
 def ui_app(database_url: str | None = None, *, client: AsyncClient | None = None,
@@ -100,6 +115,11 @@ def ui_app(database_url: str | None = None, *, client: AsyncClient | None = None
             ro = await state.read_only() if _authorized(state, request) else True
         except DatabaseError as exc:
             return _error(503, f"database unavailable: {exc}")
+        except asyncpg.PostgresError as exc:  # no awa.jobs to ask privileges on
+            err = translate(exc)
+            if not isinstance(err, SchemaNotMigrated):
+                raise
+            return _error(503, str(err))
         return JSONResponse({"read_only": ro, "auth_required": state.token is not None,
                              "authorized": _authorized(state, request), "version": __version__})
 
