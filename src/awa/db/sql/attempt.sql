@@ -24,12 +24,12 @@ j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
 -- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
 -- Keyed jobs (concurrency_key) are left to attempt_claim_keyed, which gives
 -- each a slot of its key (concurrency.sql).
--- The claim commits asynchronously: synchronous_commit is turned off for this
--- statement's own transaction (no session setting, so it works behind
--- transaction poolers; see docs/architecture.md).
+-- The claim commits synchronously (as every statement that hands out or
+-- changes a run lease must): the lease is the attempt's fencing token, and a
+-- claim a server crash forgot would hand the same lease out again (issue 40;
+-- see docs/architecture.md, "Claims are durable").
 WITH open AS (
-    SELECT set_config('synchronous_commit', 'off', true) = 'off'
-           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
+    SELECT NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
     WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
