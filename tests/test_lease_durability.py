@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 import asyncpg
+import pytest
 
 import awa
 from awa.db.queries import queries
@@ -41,14 +42,18 @@ def test_the_claims_are_every_statement_that_advances_a_lease() -> None:
 
 def test_no_statement_turns_synchronous_commit_off() -> None:
     q = queries()
-    assert [n for n in q.names() if "synchronous_commit" in q[n]] == []
+    off = re.compile(r"set_config\(\s*'synchronous_commit'\s*,\s*'(?!on')", re.I)
+    assert [n for n in q.names() if off.search(q[n])] == []
 
 
+@pytest.mark.parametrize("session", ["on", "off"])
 async def test_every_claim_commits_synchronously(client: awa.AsyncClient,
-                                                 conn: asyncpg.Connection) -> None:
-    """Each claim, run in a transaction of its own, leaves synchronous_commit on
-    for its commit, and the lease it hands out is one more than the last."""
+                                                 conn: asyncpg.Connection, session: str) -> None:
+    """Each claim, run in a transaction of its own, commits with synchronous_commit
+    on, even where the session (or the server, or the role) turned it off, and
+    the lease it hands out is one more than the last."""
     q = queries()
+    await conn.execute("SELECT set_config('synchronous_commit', $1, false)", session)
     for name, args in CLAIMS.items():
         if args[0] == "keyed":
             job = await client.insert(Work(0), queue="keyed", concurrency_key="k")
@@ -57,6 +62,7 @@ async def test_every_claim_commits_synchronously(client: awa.AsyncClient,
         async with conn.transaction():
             rows = await conn.fetch(q[name], *args)
             assert await conn.fetchval("SHOW synchronous_commit") == "on", name
+        assert await conn.fetchval("SHOW synchronous_commit") == session, name
         claimed = [r for r in rows if r["id"] is not None]
         assert [(r["id"], r["run_lease"]) for r in claimed] == [(job.id, 1)], name
         await conn.execute("DELETE FROM awa.jobs WHERE id = $1", job.id)

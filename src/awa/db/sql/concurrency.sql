@@ -36,8 +36,9 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
 -- The keyed claims' first CTEs: queue open, unkeyed jobs at all, the range scan
 -- of the next $2 keyed jobs from the cursor ($5) and what each of its keys gets.
 open AS (
-    -- (No synchronous_commit off: a claim is durable, see attempt_claim.)
-    SELECT NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
+    -- A claim commits durably, and so does the slot it grants (claim_durably).
+    SELECT {{claim_durably}}
+           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
            (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit
 ), plain AS (
     -- Unkeyed jobs to claim at all? A probe of the claim index; without it a
@@ -281,9 +282,9 @@ LEFT JOIN claimed c ON true
 open AS (
     -- ($4, the aging interval, is named here only to type it for
     -- attempt_claim_keyed_only, which has no other use for it.)
-    -- (No synchronous_commit off: a claim is durable, and so is the slot it
-    -- grants; see attempt_claim.)
-    SELECT NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
+    -- A claim commits durably, and so does the slot it grants (claim_durably).
+    SELECT {{claim_durably}}
+           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
            (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit,
            $4::float8 AS aging
 ), plain AS (
