@@ -265,6 +265,11 @@ async def doom(job: Any) -> None:
     raise awa.TerminalError("doomed by design")
 
 
+#: Two stuck jobs in one process take turns: each taking part of the pool and
+#: waiting for the rest would deadlock them (and every handler after them) for good.
+_STUCK_TURN = asyncio.Lock()
+
+
 @client.task(Stuck, queue=QUEUE)
 async def stuck(job: Any) -> None:
     await _record(job)
@@ -272,13 +277,14 @@ async def stuck(job: Any) -> None:
         return
     pool = await client.pool()
     held = []
-    try:
-        for _ in range(pool.get_max_size()):
-            held.append(await pool.acquire())
-        await asyncio.sleep(job.args.hold_s)
-    finally:
-        for conn in held:
-            await pool.release(conn)
+    async with _STUCK_TURN:
+        try:
+            for _ in range(pool.get_max_size()):
+                held.append(await pool.acquire())
+            await asyncio.sleep(job.args.hold_s)
+        finally:
+            for conn in held:
+                await pool.release(conn)
 
 
 @client.task(Sleeper, queue=QUEUE)
