@@ -237,9 +237,9 @@ async def test_session_mode_pooler_keeps_listen(server_url: str, database_url: s
 
 
 async def test_no_session_state(client: awa.AsyncClient, database_url: str) -> None:
-    """A claim sets nothing, not even for its own transaction (it commits
-    durably, tests/test_lease_durability.py), and no named statement sets
-    anything for the session or holds a session lock."""
+    """A claim leaves synchronous_commit on (it commits durably, see
+    tests/test_lease_durability.py), and no named statement sets anything for
+    the session or holds a session lock."""
     job = await client.insert(Work(1))
     q = queries()
     conn = await asyncpg.connect(database_url)
