@@ -126,7 +126,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--rawsql-async-claim",
         action="store_true",
         help="raw-sql claims commit with synchronous_commit=off for their own transaction, "
-        "as Awa's claims do (default: every raw-sql commit is synchronous)",
+        "as Awa's claims did until issue 40 (default: every raw-sql commit is synchronous)",
     )
     a = p.parse_args(argv)
     if a.rounds < 1:

@@ -239,8 +239,9 @@ async def test_session_mode_pooler_keeps_listen(server_url: str, database_url: s
 
 
 async def test_no_session_state(client: awa.AsyncClient, database_url: str) -> None:
-    """Claims turn synchronous_commit off for their own transaction only, and no
-    named statement sets anything for the session or holds a session lock."""
+    """A claim leaves synchronous_commit on (it commits durably, see
+    tests/test_lease_durability.py), and no named statement sets anything for
+    the session or holds a session lock."""
     job = await client.insert(Work(1))
     q = queries()
     conn = await asyncpg.connect(database_url)
@@ -248,7 +249,7 @@ async def test_no_session_state(client: awa.AsyncClient, database_url: str) -> N
         async with conn.transaction():
             rows = await conn.fetch(q["attempt_claim"], "default", 1, 0.0, 0.0)
             assert [r["id"] for r in rows] == [job.id]
-            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
         assert await conn.fetchval("SHOW synchronous_commit") == "on"
     finally:
         await conn.close()

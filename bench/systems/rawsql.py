@@ -24,7 +24,7 @@ unwritten.  A crash after the claim leaves the row with ``claimed_at`` set;
 a reaper (not needed here) would clear ``claimed_at`` older than a timeout,
 so nothing is lost.  Everything commits with ``synchronous_commit = on``;
 ``BENCH_RAWSQL_CLAIM_COMMIT=off`` makes only the claim transactions commit
-asynchronously (what Awa's claims do; the completion's WAL flush then makes
+asynchronously (what Awa's claims did until issue 40; the completion's WAL flush makes
 the claim durable too), for comparing like with like.
 
 Verification: completed jobs are deleted, so ``completed`` is the number of

@@ -44,6 +44,7 @@ def _plan(jobs: int, hold_s: float, cluster: Callable[[], PrivateCluster]) -> di
         "pg_restart_fast": lambda url: scenarios.pg_restart(cluster(), url, jobs, "fast"),
         "pg_restart_immediate": lambda url: scenarios.pg_restart(cluster(), url, jobs,
                                                                  "immediate"),
+        "pg_restart_drain": lambda url: scenarios.pg_restart_drain(cluster(), url, jobs * 4),
         "terminate_backends": lambda url: scenarios.terminate_backends(url, jobs),
         "pool_exhausted": lambda url: scenarios.pool_exhausted(url, jobs),
         "half_open_all": lambda url: scenarios.half_open(url, jobs, "all"),

@@ -2,6 +2,10 @@
 
 Every handler first records its run in ``chaos_runs`` (job id, attempt, run lease,
 pid), so the harness can compare what ran with what the database says finished.
+Before that it appends "job id, run lease" to a file of its process in
+``$AWA_CHAOS_STARTS`` (a directory), outside the database: a start whose claim
+the server then forgot (a crash) leaves no trace in ``chaos_runs``, but it does
+there, so the harness can count the (job, lease) pairs started twice.
 Kinds and their expected terminal states:
 
 - ``work``   completes after a few ms;
@@ -154,8 +158,40 @@ class Tick:
     pass
 
 
+STARTS = os.environ.get("AWA_CHAOS_STARTS")
+_starts_fd: int | None = None
+
+
+def _log_start(job: Any) -> None:
+    """Append "id lease" to this process's start ledger (one small O_APPEND write: it
+    survives the process being killed, and lines never interleave)."""
+    global _starts_fd
+    if STARTS is None:
+        return
+    if _starts_fd is None:
+        _starts_fd = os.open(os.path.join(STARTS, f"starts-{os.getpid()}.log"),
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(_starts_fd, f"{job.id} {job.run_lease}\n".encode())
+
+
+#: ``AWA_CHAOS_ASYNC_LEDGER=1``: the chaos_runs row commits asynchronously. A
+#: synchronous commit flushes all the WAL before it, the claim of the job included,
+#: so each handler's own ledger write would make its claim durable within
+#: milliseconds and hide a claim the server can forget (an application's handler
+#: need not write to the database at all). No completion is hidden by it: the
+#: completion commits after the ledger row, and its flush covers the row.
+ASYNC_LEDGER = os.environ.get("AWA_CHAOS_ASYNC_LEDGER") == "1"
+
+
 async def _record(job: Any) -> None:
+    _log_start(job)
     pool = await client.pool()
+    if ASYNC_LEDGER:
+        await pool.execute("WITH a AS (SELECT set_config('synchronous_commit', 'off', true)) "
+                           "INSERT INTO chaos_runs (job_id, kind, attempt, run_lease, pid) "
+                           "SELECT $1, $2, $3, $4, $5 FROM a", job.id, job.kind, job.attempt,
+                           job.run_lease, os.getpid(), timeout=TIMEOUT)
+        return
     await pool.execute("INSERT INTO chaos_runs (job_id, kind, attempt, run_lease, pid) "
                        "VALUES ($1, $2, $3, $4, $5)", job.id, job.kind, job.attempt,
                        job.run_lease, os.getpid(), timeout=TIMEOUT)
@@ -229,7 +265,9 @@ async def doom(job: Any) -> None:
     raise awa.TerminalError("doomed by design")
 
 
-_HOLDING_THE_POOL = asyncio.Lock()
+#: Two stuck jobs in one process take turns: each taking part of the pool and
+#: waiting for the rest would deadlock them (and every handler after them) for good.
+_STUCK_TURN = asyncio.Lock()
 
 
 @client.task(Stuck, queue=QUEUE)
@@ -239,10 +277,7 @@ async def stuck(job: Any) -> None:
         return
     pool = await client.pool()
     held = []
-    # One at a time: two such handlers in one process, each holding part of
-    # the pool while waiting for the rest, would deadlock each other for good
-    # (a fault of this test handler, not of the worker).
-    async with _HOLDING_THE_POOL:
+    async with _STUCK_TURN:
         try:
             for _ in range(pool.get_max_size()):
                 held.append(await pool.acquire())

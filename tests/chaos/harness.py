@@ -8,7 +8,12 @@ the invariants from the database alone (`Harness.check`):
 - lost: every inserted job exists, exactly once, in its expected terminal state
   (``doom`` failed, every other kind completed); nothing is left unfinished;
 - doubly completed: no job id appears twice in ``jobs_all``; every completed job's
-  completing run lease is one that actually ran, and nothing ran after it;
+  completing run lease is one that actually ran, and nothing ran after it (the
+  workers' start ledgers, below);
+- fencing: no (job id, run lease) pair was started twice (the workers' start
+  ledgers, kept outside the database: a claim the server forgot in a crash would
+  hand the same lease out again, and the old attempt's writes would pass as the new
+  one's);
 - follow-ups: each completed ``stage`` job has exactly one ``child`` and each
   completed ``flaky`` job exactly one ``audit`` (no unique keys, so a second
   completion would show up as a second row), and none exists without its trigger;
@@ -29,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -174,6 +180,7 @@ class Harness:
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                                 os.environ.get("PYTHONPATH")])),
                     "AWA_CHAOS_SKEW_S": str(skew), "AWA_CHAOS_CRON": "1" if cron else "0",
+                    "AWA_CHAOS_STARTS": str(self.logdir),
                     **(env or {})}
         log = open(self.logdir / f"worker-{len(self.procs)}.log", "wb")
         proc = subprocess.Popen(
@@ -397,15 +404,20 @@ class Harness:
         left = await self.query("SELECT count(*) AS n FROM awa.jobs")
         if left[0]["n"]:
             v.append(f"{left[0]['n']} jobs never reached a terminal state")
-        ledger = await self.query(
-            "SELECT d.id, d.kind, d.run_lease, max(r.run_lease) AS last_run, "
-            "bool_or(r.run_lease = d.run_lease) AS ran FROM awa.jobs_done d "
-            "LEFT JOIN chaos_runs r ON r.job_id = d.id WHERE d.state = 'completed' "
-            "GROUP BY d.id, d.kind, d.run_lease")
-        bad = [dict(r) for r in ledger if not r["ran"] or r["last_run"] > r["run_lease"]]
+        # What ran is read from the workers' start ledgers, which no crash of the
+        # server can lose (chaos_runs rows can be, in pg_restart_drain).
+        ran: dict[int, set[int]] = {}
+        for job_id, lease in self.starts():
+            ran.setdefault(job_id, set()).add(lease)
+        ledger = await self.query("SELECT id, kind, run_lease FROM awa.jobs_done "
+                                  "WHERE state = 'completed'")
+        bad = [{**dict(r), "ran": sorted(ran.get(r["id"], ()))} for r in ledger
+               if r["run_lease"] not in ran.get(r["id"], ())
+               or max(ran[r["id"]]) > r["run_lease"]]
         if bad:
             v.append(f"{len(bad)} completions not matching the attempt that ran, "
                      f"e.g. {bad[:5]}")
+        self._check_leases()
         for parent_kind, child_kind in (("stage", "child"), ("flaky", "audit")):
             await self._check_followups(parent_kind, child_kind)
         await self._check_cron()
@@ -415,6 +427,27 @@ class Harness:
         self.report.reruns = stats[0]["runs"] - stats[0]["jobs"]
         total = await self.query("SELECT count(*) AS n FROM awa.jobs_all")
         self.report.total = total[0]["n"]
+
+    def starts(self) -> Counter[tuple[int, int]]:
+        """How many times each (job id, run lease) was started, from the workers'
+        ledgers (tests/chaos/app.py)."""
+        seen: Counter[tuple[int, int]] = Counter()
+        for path in self.logdir.glob("starts-*.log"):
+            for line in path.read_text().splitlines():
+                job_id, lease = line.split()
+                seen[int(job_id), int(lease)] += 1
+        return seen
+
+    def _check_leases(self) -> None:
+        """A run lease is a fencing token: no two starts of a job may share one."""
+        starts = self.starts()
+        twice = sorted(pair for pair, n in starts.items() if n > 1)
+        self.report.notes["starts"] = sum(starts.values())
+        self.report.notes["leases_started_twice"] = len(twice)
+        if twice:
+            self.report.violations.append(
+                f"{len(twice)} (job id, run lease) pairs started more than once, "
+                f"e.g. {twice[:5]}; logs in {self.logdir}")
 
     async def _check_followups(self, parent_kind: str, child_kind: str) -> None:
         v = self.report.violations

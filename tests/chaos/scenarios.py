@@ -67,6 +67,42 @@ async def pg_restart(cluster: PrivateCluster, url: str, jobs: int, mode: str) ->
     return h.report
 
 
+async def pg_restart_drain(cluster: PrivateCluster, url: str, jobs: int,
+                           restarts: int = 6) -> Report:
+    """``pg_ctl restart -m immediate`` ``restarts`` times while the workers drain a
+    backlog at full speed (claims of a full batch back to back): a claim the server
+    forgets in the crash must not hand the same run lease out again (the harness
+    counts the (job, lease) pairs started twice). The handlers' ledger rows commit
+    asynchronously here (tests/chaos/app.py), so they do not flush the claims."""
+    async with Harness(url, "pg_restart_drain", jobs=jobs, rate=jobs * 10.0) as h:
+        h.start_background()  # the whole backlog in one COPY, then the callback resolver
+        await asyncio.wait_for(h.feed_done.wait(), 120)
+        for _ in range(3):
+            h.spawn(env={"AWA_CHAOS_ASYNC_LEDGER": "1"})
+        await h.wait_workers_ready()
+        step = jobs / (restarts + 1)
+        fault = 0.0
+        for _ in range(restarts):
+            await _wait_runs(h, step / 2)  # draining again since the last restart
+            fault = fault or time.time()
+            await asyncio.to_thread(cluster.restart, "immediate", 0.5)
+        h.report.notes["restarts"] = restarts
+        await h.finish()
+        h.report.recovery_s = await h.recovery(fault)
+    return h.report
+
+
+async def _wait_runs(h: Harness, more: float) -> None:
+    """Until the handlers have recorded ``more`` starts in the database from now."""
+    first: int | None = None
+    while True:
+        n = (await h.query("SELECT count(*) AS n FROM chaos_runs"))[0]["n"]
+        first = n if first is None else first
+        if n - first >= more:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def terminate_backends(url: str, jobs: int) -> Report:
     """pg_terminate_backend every worker connection, three times, 1 s apart."""
     async with Harness(url, "terminate_backends", jobs=jobs, rate=_rate(jobs)) as h:

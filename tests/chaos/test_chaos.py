@@ -34,6 +34,15 @@ async def test_postgres_restart(private_cluster: PrivateCluster, mode: str) -> N
     _ok(await scenarios.pg_restart(private_cluster, url, JOBS, mode))
 
 
+async def test_postgres_restart_immediate_while_draining(
+        private_cluster: PrivateCluster) -> None:
+    """Run leases never repeat across crashes: no (job, lease) pair starts twice."""
+    url = await _private_db(private_cluster, "chaos_restart_drain")
+    report = await scenarios.pg_restart_drain(private_cluster, url, JOBS * 4)
+    _ok(report)
+    assert report.notes["starts"] >= JOBS * 4, report.notes
+
+
 async def test_terminate_backends(database_url: str) -> None:
     _ok(await scenarios.terminate_backends(database_url, JOBS))
 

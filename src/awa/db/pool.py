@@ -176,8 +176,10 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     one is declared or detected.
 
     Connections carry no session settings beyond ``application_name`` (which
-    PgBouncer forwards): the claim statement turns ``synchronous_commit`` off
-    for its own transaction (see docs/architecture.md). On a direct
+    PgBouncer forwards), and no statement turns ``synchronous_commit`` off:
+    claims commit durably, since a run lease must never be handed out twice
+    (a claim turns it on for its own transaction where it is off; see
+    docs/architecture.md). On a direct
     connection, ``idle_in_transaction_timeout`` lets the server end a session
     whose client vanished mid-transaction (a half-open connection would
     otherwise hold its row locks for ever); behind a pooler, the pooler's own

@@ -238,7 +238,7 @@ class Runtime:
                                      idle_in_transaction_timeout=timeout, plans=plans)
 
         # Claims go through their own small pool, so they never queue behind
-        # outcomes; they commit asynchronously (see attempt_claim). Plain
+        # outcomes; they commit durably (see attempt_claim). Plain
         # completion batches share it: both reuse their plans (see create_pool).
         # The runtime's own statements (completions, heartbeats, maintenance) use
         # a small pool of their own: a handler that holds every client

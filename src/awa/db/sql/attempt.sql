@@ -17,6 +17,16 @@ j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
     nullif(j.tags, '{}') AS tags, nullif(j.metadata, '{}') AS metadata,
     j.errors, j.progress, j.unique_key, j.ordering_key
 
+-- fragment: claim_durably
+-- True, having made sure the claim's transaction commits durably: a run lease
+-- is the attempt's fencing token, and a claim a server crash forgot would hand
+-- the same lease out again (issue 40; docs/architecture.md, "Claims are
+-- durable"). Where the server, database, role or session turned
+-- synchronous_commit off, it is turned on for this transaction only; any other
+-- value (local, or a wait for standbys) is left as it is.
+(current_setting('synchronous_commit') <> 'off'
+ OR set_config('synchronous_commit', 'on', true) = 'on')
+
 -- name: attempt_claim
 -- Up to $2 jobs of queue $1, most urgent first after aging ($4 = aging
 -- interval in seconds, 0 = off), FIFO within a priority. The best candidates
@@ -24,11 +34,9 @@ j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
 -- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
 -- Keyed jobs (concurrency_key) are left to attempt_claim_keyed, which gives
 -- each a slot of its key (concurrency.sql).
--- The claim commits asynchronously: synchronous_commit is turned off for this
--- statement's own transaction (no session setting, so it works behind
--- transaction poolers; see docs/architecture.md).
+-- The claim commits durably (claim_durably).
 WITH open AS (
-    SELECT set_config('synchronous_commit', 'off', true) = 'off'
+    SELECT {{claim_durably}}
            AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
 ), c1 AS (
     SELECT id, priority, run_at, ordering_key FROM awa.jobs
@@ -217,10 +225,13 @@ WHERE j.id = $1 AND j.run_lease = $2 AND j.state = 'running'
 RETURNING j.id
 
 -- name: attempt_claim_one_kind
--- The testing harness: claim the next available job of one kind in one queue.
-WITH picked AS (
+-- The testing harness: claim the next available job of one kind in one queue
+-- (durably, as every claim: claim_durably).
+WITH open AS (
+    SELECT {{claim_durably}} AS ok
+), picked AS (
     SELECT id FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND kind = $2
+    WHERE state = 'available' AND queue = $1 AND kind = $2 AND (SELECT ok FROM open)
     ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
 )
 UPDATE awa.jobs j

@@ -36,7 +36,8 @@ LATERAL (SELECT CASE WHEN h.lim > cardinality(t.taken)
 -- The keyed claims' first CTEs: queue open, unkeyed jobs at all, the range scan
 -- of the next $2 keyed jobs from the cursor ($5) and what each of its keys gets.
 open AS (
-    SELECT set_config('synchronous_commit', 'off', true) = 'off'
+    -- A claim commits durably, and so does the slot it grants (claim_durably).
+    SELECT {{claim_durably}}
            AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
            (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit
 ), plain AS (
@@ -281,7 +282,8 @@ LEFT JOIN claimed c ON true
 open AS (
     -- ($4, the aging interval, is named here only to type it for
     -- attempt_claim_keyed_only, which has no other use for it.)
-    SELECT set_config('synchronous_commit', 'off', true) = 'off'
+    -- A claim commits durably, and so does the slot it grants (claim_durably).
+    SELECT {{claim_durably}}
            AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok,
            (SELECT key_max_in_flight FROM awa.queues WHERE queue = $1) AS queue_limit,
            $4::float8 AS aging
