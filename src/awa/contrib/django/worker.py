@@ -1,11 +1,13 @@
-"""The worker side of `AwaBackend`: find the project's tasks, run them as Awa jobs.
+"""The worker side of `AwaBackend`: run the project's tasks as Awa jobs.
 
 Awa dispatches a job by its kind, and a Django task's kind is its dotted path,
-so the worker registers one handler per task it finds: it imports every
-installed app's ``tasks`` module (and ``OPTIONS["TASK_MODULES"]``), then takes
-every `Task` of this backend reachable from a loaded module. A job whose task
-was not found is retried with backoff (Awa's rule for unknown kinds, which a
-rolling deploy relies on) with an ``UnknownJobKind`` error naming it.
+so the worker finds the task the way Django's reference ``db_worker`` does: it
+imports the path when a job arrives (`TaskRegistry`). Only a `Task` object of
+this backend runs; a path naming anything else (a plain function, a class),
+or nothing, fails the attempt with `NotATask` or the `ImportError`, like any
+raising task. At start it also imports every installed app's ``tasks`` module
+(and ``OPTIONS["TASK_MODULES"]``) to log what it serves and to fail early on
+a broken module; no task needs to be found for the worker to start.
 
 Sync task functions run in the worker's thread pool, async ones on its event
 loop; either way Django's ``close_old_connections()`` runs before and after
@@ -33,8 +35,10 @@ import awa
 from awa.contrib.django.backend import (
     META_KEY,
     AwaBackend,
+    NotATask,
     as_enqueued,
     django_meta,
+    import_task,
     progress_meta,
     task_errors,
     worker_ids,
@@ -51,8 +55,9 @@ from awa.contrib.django.compat import (
 from awa.core.errors import TerminalError
 from awa.core.model import Output
 from awa.worker.context import JobContext
+from awa.worker.tasks import Registry, TaskSpec
 
-__all__ = ["build_client", "discover_tasks", "make_handler", "serve"]
+__all__ = ["TaskRegistry", "build_client", "discover_tasks", "make_handler", "serve"]
 
 log = logging.getLogger("awa.contrib.django")
 
@@ -113,9 +118,9 @@ class _Attempt:
         """The job's outcome for a returned value (JSON-normalized, as Django does)."""
         try:
             value = normalize_json(value)
-        except (TypeError, ValueError) as exc:
-            raise TerminalError(f"the return value of {self.task.module_path} is not "
-                                f"JSON-serialisable: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # as Django's backends: a TypeError
+            raise TypeError(f"the return value of {self.task.module_path} is not JSON "
+                            f"serializable: {exc}") from exc
         self._finish(TaskResultStatus.SUCCESSFUL)
         object.__setattr__(self.result, "_return_value", value)
         task_finished.send(AwaBackend, task_result=self.result)
@@ -123,10 +128,7 @@ class _Attempt:
 
     def failed(self, exc: BaseException) -> None:
         """Record the exception's class (for `TaskError`); signal if this was the last try."""
-        path = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        current = progress_meta(self.ctx.progress)
-        classes = {**(current.get("errors") or {}), str(self.ctx.attempt): path}
-        self.ctx.update_metadata({META_KEY: {**current, "errors": classes}})
+        record_exception(self.ctx, exc)
         if isinstance(exc, TerminalError) or self.ctx.attempt >= self.ctx.max_attempts:
             self._finish(TaskResultStatus.FAILED)
             task_finished.send(AwaBackend, task_result=self.result)
@@ -134,6 +136,14 @@ class _Attempt:
     def _finish(self, status: Any) -> None:
         object.__setattr__(self.result, "status", status)
         object.__setattr__(self.result, "finished_at", timezone.now())
+
+
+def record_exception(ctx: JobContext, exc: BaseException) -> None:
+    """Keep the class of the exception that failed this attempt (for `TaskError`)."""
+    path = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    current = progress_meta(ctx.progress)
+    classes = {**(current.get("errors") or {}), str(ctx.attempt): path}
+    ctx.update_metadata({META_KEY: {**current, "errors": classes}})
 
 
 def make_handler(backend: AwaBackend, task: TaskType,
@@ -170,16 +180,85 @@ def make_handler(backend: AwaBackend, task: TaskType,
     return run_sync
 
 
-def build_client(backend: AwaBackend, tasks: Mapping[str, TaskType]) -> awa.AsyncClient:
-    """An `AsyncClient` on the task database with a handler for each of ``tasks``."""
-    client = awa.AsyncClient(backend.worker_database_url(), schema=backend.schema)
+class TaskRegistry(Registry):
+    """Awa's kind → handler table for a Django backend, filled as jobs arrive: a
+    kind is looked up by importing it as a dotted path (`import_task`), and only a
+    `Task` of this backend gets a handler running it. Anything else gets a handler
+    that fails the attempt with the reason (`ImportError`, `NotATask`), recorded
+    as the attempt's exception class. Lookups run on the worker's event loop."""
 
-    def worker_id() -> str:
-        runtime = client.runtime
+    def __init__(self, backend: AwaBackend, worker_id: Callable[[], str],
+                 queues: Iterable[str]) -> None:
+        super().__init__()
+        self._backend, self._worker_id = backend, worker_id
+        self._queues = list(queues)
+
+    def add_task(self, task: TaskType) -> None:
+        """Know ``task`` before its first job arrives."""
+        self._add(task.module_path, task)
+
+    def get(self, kind: str) -> TaskSpec | None:
+        spec = super().get(kind)
+        if spec is not None:
+            return spec
+        try:
+            task = import_task(kind)
+            if task.backend != self._backend.alias:
+                raise NotATask(f"{kind} is a task of backend {task.backend!r}, not of "
+                               f"{self._backend.alias!r}")
+        except Exception as exc:  # the module itself may raise anything while importing
+            return TaskSpec(kind=kind, queue=self.queue_for(kind), args_type=None,
+                            handler=_failing(exc), is_async=False)
+        return self._add(kind, task)
+
+    def queues(self) -> list[str]:
+        """The queues served: any task may arrive on any of them."""
+        return list(self._queues)
+
+    def __len__(self) -> int:
+        # Never empty: every importable task of the backend can be run.
+        return max(1, super().__len__())
+
+    def _add(self, kind: str, task: TaskType) -> TaskSpec:
+        handler = make_handler(self._backend, task, self._worker_id)
+        spec = TaskSpec(kind=kind, queue=task.queue_name, args_type=None, handler=handler,
+                        is_async=iscoroutinefunction(handler))
+        self.add(spec)
+        return spec
+
+
+def _failing(exc: Exception) -> Callable[[JobContext], Any]:
+    """A handler failing every attempt with ``exc`` (why the kind cannot run)."""
+    def fail(ctx: JobContext) -> None:
+        record_exception(ctx, exc)
+        raise exc
+    return fail
+
+
+class _Client(awa.AsyncClient):
+    """An `AsyncClient` dispatching through a `TaskRegistry`."""
+
+    def __init__(self, backend: AwaBackend, queues: Iterable[str]) -> None:
+        super().__init__(backend.worker_database_url(), schema=backend.schema)
+        self._registry = TaskRegistry(backend, self._worker_id, queues)
+
+    @property
+    def tasks(self) -> TaskRegistry:
+        assert isinstance(self._registry, TaskRegistry)
+        return self._registry
+
+    def _worker_id(self) -> str:
+        runtime = self.runtime
         return runtime.instance_id if runtime is not None else "awa"
 
-    for path, task in tasks.items():
-        client.task(kind=path, queue=task.queue_name)(make_handler(backend, task, worker_id))
+
+def build_client(backend: AwaBackend, tasks: Mapping[str, TaskType],
+                 queues: Iterable[str] = ()) -> awa.AsyncClient:
+    """An `AsyncClient` on the task database running any task of ``backend`` that
+    arrives on ``queues`` (``tasks`` are known up front)."""
+    client = _Client(backend, queues)
+    for task in tasks.values():
+        client.tasks.add_task(task)
     return client
 
 
@@ -194,7 +273,6 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
                 shutdown_timeout_ms: int = 5000, stop: asyncio.Event | None = None) -> None:
     """Run the backend's tasks until SIGTERM/SIGINT (or ``stop``), then drain and exit."""
     tasks = await sync_to_async(discover_tasks, thread_sensitive=False)(backend)
-    client = build_client(backend, tasks)
     options = dict(backend.worker_options)
     configured = options.pop("queues", None)  # WORKER["queues"]: full queue configs
     if queues is not None:
@@ -203,6 +281,8 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
         queue_list = list(configured)
     else:
         queue_list = [{"name": n} for n in default_queues(backend, tasks)]
+    client = build_client(backend, tasks, [q["name"] if isinstance(q, Mapping) else q[0]
+                                           for q in queue_list])
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
