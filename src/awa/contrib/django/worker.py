@@ -95,7 +95,11 @@ class _Attempt:
     def __init__(self, backend: AwaBackend, task: TaskType, ctx: JobContext,
                  worker_id: str) -> None:
         self.backend, self.ctx = backend, ctx
-        self.task = as_enqueued(task, django_meta(ctx.metadata), ctx.queue)
+        meta = django_meta(ctx.metadata)
+        if meta.get("backend", backend.alias) != backend.alias:
+            raise NotATask(f"job {ctx.id} was enqueued by backend {meta['backend']!r}, not "
+                           f"{backend.alias!r}")
+        self.task = as_enqueued(task, meta, ctx.queue)
         self.args, self.kwargs = _payload(ctx)
         now = timezone.now()
         self.result = backend._result(
@@ -146,12 +150,20 @@ def record_exception(ctx: JobContext, exc: BaseException) -> None:
     ctx.update_metadata({META_KEY: {**current, "errors": classes}})
 
 
+def _begin(backend: AwaBackend, task: TaskType, ctx: JobContext, worker_id: str) -> _Attempt:
+    try:
+        return _Attempt(backend, task, ctx, worker_id)
+    except Exception as exc:  # the job is not this backend's task's: say why
+        record_exception(ctx, exc)
+        raise
+
+
 def make_handler(backend: AwaBackend, task: TaskType,
                  worker_id: Callable[[], str]) -> Callable[[JobContext], Any]:
     """The Awa handler running ``task``: ``async def`` for async task functions."""
     if iscoroutinefunction(task.func):
         async def run_async(ctx: JobContext) -> Output:
-            attempt = _Attempt(backend, task, ctx, worker_id())
+            attempt = _begin(backend, task, ctx, worker_id())
             await sync_to_async(close_old_connections)()
             try:
                 attempt.started()
@@ -166,7 +178,7 @@ def make_handler(backend: AwaBackend, task: TaskType,
         return run_async
 
     def run_sync(ctx: JobContext) -> Output:
-        attempt = _Attempt(backend, task, ctx, worker_id())
+        attempt = _begin(backend, task, ctx, worker_id())
         close_old_connections()
         try:
             attempt.started()
