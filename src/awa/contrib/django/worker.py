@@ -170,7 +170,7 @@ def make_handler(backend: AwaBackend, task: TaskType,
                 args, kwargs = attempt.call_args()
                 value = await attempt.task.func(*args, **kwargs)
                 return attempt.succeeded(value)
-            except Exception as exc:
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
                 attempt.failed(exc)
                 raise
             finally:
@@ -184,7 +184,7 @@ def make_handler(backend: AwaBackend, task: TaskType,
             attempt.started()
             args, kwargs = attempt.call_args()
             return attempt.succeeded(attempt.task.func(*args, **kwargs))
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # exit() fails the task too
             attempt.failed(exc)
             raise
         finally:
