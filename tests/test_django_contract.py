@@ -373,10 +373,10 @@ def test_missing_schema_names_djangos_commands(empty_database_url: str) -> None:
     fixture = _project(empty_database_url)
     next(fixture)
     try:
-        with pytest.raises(SchemaNotMigrated, match="manage.py migrate") as raised:
+        with pytest.raises(SchemaNotMigrated, match=r"manage\.py migrate") as raised:
             djtasks().add.enqueue(1, 2)
         assert "awa migrate`" not in str(raised.value)
-        with pytest.raises(SchemaNotMigrated, match="manage.py migrate"):
+        with pytest.raises(SchemaNotMigrated, match=r"manage\.py migrate"):
             default_task_backend.get_result("1")
     finally:
         next(fixture, None)

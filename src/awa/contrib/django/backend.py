@@ -31,10 +31,10 @@ from django.utils.module_loading import import_string
 from awa.contrib.django.compat import (
     BaseTaskBackend,
     InvalidTask,
+    Task,
     TaskError,
     TaskResult,
     TaskResultDoesNotExist,
-    Task,
     TaskResultStatus,
     TaskType,
     normalize_json,

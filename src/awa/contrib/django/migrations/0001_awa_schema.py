@@ -7,6 +7,8 @@ the Awa migration it brings the database to; a test checks it is the latest).
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from django.db import migrations
 
 from awa.contrib.django.schema import migrate_for_connection
@@ -18,6 +20,7 @@ class Migration(migrations.Migration):  # type: ignore[misc]
     # Awa's migrations run on their own connection and take their own lock.
     atomic = False
     initial = True
-    dependencies: list[tuple[str, str]] = []
-    operations = [migrations.RunPython(migrate_for_connection, migrations.RunPython.noop,
-                                       elidable=False)]
+    dependencies: ClassVar[list[tuple[str, str]]] = []
+    operations: ClassVar[list[Any]] = [
+        migrations.RunPython(migrate_for_connection, migrations.RunPython.noop, elidable=False),
+    ]
