@@ -246,6 +246,17 @@ def test_enqueue_sends_task_enqueued(project: str) -> None:
     assert [r.id for r in seen] == [result.id]
 
 
+def test_enqueue_is_logged(project: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Django's own signal receivers log the enqueue (debug level)."""
+    import logging
+
+    from awa.contrib.django.compat import SOURCE
+
+    with caplog.at_level(logging.DEBUG, logger=SOURCE):
+        result = djtasks().noop.enqueue()
+    assert f"Task id={result.id} path={MOD}noop enqueued backend=default" in caplog.text
+
+
 def test_arguments_must_be_json(project: str) -> None:
     t = djtasks()
     for bad in (object(), {1, 2}, datetime.now(UTC)):
@@ -435,6 +446,20 @@ def test_worker_starts_with_no_task_found_and_runs_any_importable_task(
         assert r.enqueued_at <= r.started_at <= r.finished_at
         assert r.last_attempted_at == r.started_at
         assert r.attempts == 1 and len(r.worker_ids) == 1 and r.errors == []
+
+
+def test_worker_logs_each_task_through_djangos_signals(
+        project: str, worker_factory: Callable[..., Worker]) -> None:
+    t = djtasks()
+    ok, bad = t.noop.enqueue(), t.fails_value_error.enqueue()
+    worker = worker_factory()
+    wait_for(finished(ok, bad), "both tasks")
+    code, stderr = worker.stop()
+    assert code == 0
+    assert f"Task id={ok.id} path={MOD}noop state=RUNNING" in stderr
+    assert f"Task id={ok.id} path={MOD}noop state=SUCCESSFUL" in stderr
+    assert f"Task id={bad.id} path={MOD}fails_value_error state=FAILED" in stderr
+    assert "ValueError: this task failed with a ValueError" in stderr
 
 
 def test_failing_task_is_failed_with_its_exception(
