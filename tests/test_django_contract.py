@@ -209,10 +209,24 @@ def test_get_missing_result(project: str, missing: str) -> None:
 
 
 def test_refresh_of_a_waiting_task_changes_nothing(project: str) -> None:
-    result = djtasks().add.enqueue(1, 2)
-    before = (result.status, result.enqueued_at, result.args)
+    import dataclasses
+
+    from asgiref.sync import async_to_sync
+
+    result = djtasks().add.using(priority=-3).enqueue(1, b=2)
+    before = dataclasses.asdict(result)
     result.refresh()
-    assert (result.status, result.enqueued_at, result.args) == before
+    assert dataclasses.asdict(result) == before
+    async_to_sync(result.arefresh)()
+    assert dataclasses.asdict(result) == before
+
+
+def test_get_result_through_another_task_is_a_mismatch(project: str) -> None:
+    t = djtasks()
+    result = t.add.enqueue(1, 2)
+    with pytest.raises(Exception, match="Task does not match") as raised:
+        t.noop.get_result(result.id)
+    assert type(raised.value).__name__ in ("TaskResultMismatch", "TaskResultMismatchError")
 
 
 def test_enqueue_is_visible_inside_the_open_transaction(project: str) -> None:
@@ -656,7 +670,7 @@ def test_shutdown_timeout_bounds_a_running_sync_task(
     worker = worker_factory("--shutdown-timeout-ms", "500")
     wait_for(status_is(result, "RUNNING"), "the task to start")
     worker.signal(signal.SIGTERM)
-    worker.wait(timeout=30)  # a generous bound: far beyond the 0.5 s asked for
+    worker.wait(timeout=15)  # a generous bound: far beyond the 0.5 s asked for
     result.refresh()
     assert result.status != "RUNNING"
 
@@ -682,7 +696,7 @@ def test_second_interrupt_exits(project: str, worker_factory: Callable[..., Work
     time.sleep(0.5)  # not an assertion on time: the first Ctrl-C must not end it
     assert worker.alive()  # the first Ctrl-C waits for the task
     worker.signal(signal.SIGINT)
-    worker.wait(timeout=30)
+    worker.wait(timeout=15)
     result.refresh()
     assert result.status != "RUNNING"
 
@@ -697,7 +711,7 @@ def test_exiting_task_fails_without_stopping_the_worker(
     t = djtasks()
     result = getattr(t, name).enqueue()
     worker = worker_factory()
-    wait_for(finished(result), "the task to fail")
+    wait_for(finished(result), "the task to fail", timeout=15)
     assert result.status == "FAILED"
     assert result.errors[0].exception_class is exception
     after = t.add.enqueue(1, 2)
