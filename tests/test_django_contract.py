@@ -429,6 +429,24 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
         next(fixture, None)
 
 
+def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    fixture = _project(empty_database_url)
+    next(fixture)
+    try:
+        first, again = StringIO(), StringIO()
+        call_command("awa_migrate", stdout=first)
+        call_command("awa_migrate", stdout=again)
+        assert first.getvalue().startswith("applied migrations [1, ")
+        assert again.getvalue().strip() == "Awa schema is up to date"
+        assert djtasks().add.enqueue(1, 2).status == "READY"
+    finally:
+        next(fixture, None)
+
+
 def test_the_django_migrations_bring_the_latest_awa_schema() -> None:
     """A release that adds an Awa migration adds a Django migration running it."""
     import pkgutil
