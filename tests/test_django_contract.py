@@ -447,6 +447,14 @@ def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> 
         next(fixture, None)
 
 
+def test_worker_on_a_database_without_the_schema_says_what_to_run(
+        empty_database_url: str) -> None:
+    worker = Worker(empty_database_url)
+    code, stderr = worker.wait()
+    assert code == 1
+    assert "manage.py migrate" in stderr and "awa_migrate" in stderr
+
+
 def test_the_django_migrations_bring_the_latest_awa_schema() -> None:
     """A release that adds an Awa migration adds a Django migration running it."""
     import pkgutil

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from awa.cli import configure_logging
+from awa.contrib.django.backend import schema_missing
 from awa.contrib.django.management.commands._common import awa_backend
 from awa.contrib.django.worker import serve
 from awa.core.errors import AwaError
@@ -47,6 +48,7 @@ class Command(BaseCommand):  # type: ignore[misc]
             asyncio.run(serve(backend, queues,
                               shutdown_timeout_ms=options["shutdown_timeout_ms"]))
         except (AwaError, ValueError, TypeError) as exc:
-            raise CommandError(str(exc)) from exc
+            missing = schema_missing(exc, backend.schema, backend.alias)
+            raise CommandError(str(missing or exc)) from exc
         finally:
             connections.close_all()
