@@ -16,6 +16,7 @@ Django's reference backends").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import signal
@@ -29,7 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 from tests.helpers import ROOT, SUBPROCESS_PATH
-from tests.test_django_backend import _project
+from tests.test_django_backend import _project, _wait
 
 pytest.importorskip("django")
 if importlib.util.find_spec("django.tasks") is None:
@@ -43,6 +44,17 @@ CORE_FIX = pytest.mark.xfail(strict=False, reason="needs the core fix from issue
 @pytest.fixture
 def project(database_url: str) -> Iterator[str]:
     yield from _project(database_url)
+
+
+@contextlib.contextmanager
+def django_on(url: str) -> Iterator[None]:
+    """The project pointed at ``url`` (e.g. a database with no Awa schema)."""
+    fixture = _project(url)
+    next(fixture)
+    try:
+        yield
+    finally:
+        next(fixture, None)
 
 
 class Worker:
@@ -95,14 +107,7 @@ def worker_factory(project: str) -> Iterator[Callable[..., Worker]]:
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return _wait(predicate, timeout, what)
 
 
 def finished(*results: Any) -> Callable[[], bool]:
@@ -395,16 +400,12 @@ def test_missing_schema_names_djangos_commands(empty_database_url: str) -> None:
     from awa.contrib.django.compat import default_task_backend
     from awa.core.errors import SchemaNotMigrated
 
-    fixture = _project(empty_database_url)
-    next(fixture)
-    try:
+    with django_on(empty_database_url):
         with pytest.raises(SchemaNotMigrated, match=r"manage\.py migrate") as raised:
             djtasks().add.enqueue(1, 2)
         assert "awa migrate`" not in str(raised.value)
         with pytest.raises(SchemaNotMigrated, match=r"manage\.py migrate"):
             default_task_backend.get_result("1")
-    finally:
-        next(fixture, None)
 
 
 def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
@@ -412,9 +413,7 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
 
     from awa.db.migrations import current_migration_version
 
-    fixture = _project(empty_database_url)
-    next(fixture)
-    try:
+    with django_on(empty_database_url):
         call_command("migrate", verbosity=0)
         result = djtasks().add.enqueue(1, 2)
         assert djtasks().add.get_result(result.id).status == "READY"
@@ -425,8 +424,6 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
                                    ).fetchall()
         assert row is not None and row[0] == current_migration_version()
         assert applied == [("0001_awa_schema",)]
-    finally:
-        next(fixture, None)
 
 
 def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:
@@ -434,17 +431,13 @@ def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> 
 
     from django.core.management import call_command
 
-    fixture = _project(empty_database_url)
-    next(fixture)
-    try:
+    with django_on(empty_database_url):
         first, again = StringIO(), StringIO()
         call_command("awa_migrate", stdout=first)
         call_command("awa_migrate", stdout=again)
         assert first.getvalue().startswith("applied migrations [1, ")
         assert again.getvalue().strip() == "Awa schema is up to date"
         assert djtasks().add.enqueue(1, 2).status == "READY"
-    finally:
-        next(fixture, None)
 
 
 def test_worker_on_a_database_without_the_schema_says_what_to_run(
