@@ -7,6 +7,9 @@ import asyncio
 import threading
 from typing import Any
 
+from django.conf import settings
+from django.utils.module_loading import import_string
+
 import awa
 from awa.contrib.django.backend import AwaBackend, database_url_from_settings
 from awa.contrib.django.compat import task_backends
@@ -15,8 +18,17 @@ __all__ = ["awa_backends", "migrate_for_connection", "run_awa_migrations"]
 
 
 def awa_backends() -> list[AwaBackend]:
-    """Every `AwaBackend` configured in ``TASKS``."""
-    return [b for b in task_backends.all() if isinstance(b, AwaBackend)]
+    """Every `AwaBackend` configured in ``TASKS`` (other backends are not built, so
+    one that cannot load does not stop ``migrate`` or ``check`` here)."""
+    found = []
+    for alias, config in getattr(settings, "TASKS", {}).items():
+        try:
+            cls = import_string(config.get("BACKEND", ""))
+        except ImportError:
+            continue  # not ours: Django's own check reports it
+        if isinstance(cls, type) and issubclass(cls, AwaBackend):
+            found.append(task_backends[alias])
+    return found
 
 
 def run_awa_migrations(database_url: str, schema: str) -> list[int]:
