@@ -121,3 +121,20 @@ async def test_an_unreachable_database_is_503() -> None:
     status, answer = await _post(app, f"/api/callbacks/{uuid.uuid4()}/complete", b"{}")
     await down.close()
     assert status == 503 and answer == {"error": "database unavailable"}
+
+
+async def test_an_expiry_of_non_ascii_digits_is_refused_not_a_500(
+        client: awa.AsyncClient) -> None:
+    """'²'.isdigit() is true but int('²') raises: that was a pre-auth 500 (issue 40)."""
+    app = awa.web.callback_app(client, secret=SECRET)
+    job_id, cid = await _waiting(client)
+    body = b'{"payload": {}}'
+    for expires in ("\u00b2", "1\u00b2", "\u00b9\u00b2\u00b3", "\u0661\u0662"):
+        headers = {**_signed("complete", cid, body), "X-Awa-Signature-Expires": expires}
+        assert cc.verify_request(SECRET, "complete", cid, body, headers) \
+            == "missing or malformed X-Awa-Signature-Expires"
+        if all(ord(c) < 256 for c in expires):  # what a header can carry
+            status, answer = await _post(app, f"/api/callbacks/{cid}/complete", body, headers,
+                                         encoding="latin-1")
+            assert status == 401 and "malformed" in answer["error"], answer
+    assert (await client.get_job(job_id)).state is awa.JobState.WaitingExternal

@@ -389,15 +389,17 @@ async def test_http_callbacks(client: awa.AsyncClient) -> None:
 
 
 async def _post(app: Any, path: str, body: bytes,
-                signature: str | dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    """POST through the ASGI app; ``signature`` is an id-only signature or v2 headers."""
+                signature: str | dict[str, str] | None = None,
+                *, encoding: str = "utf-8") -> tuple[int, dict[str, Any]]:
+    """POST through the ASGI app; ``signature`` is an id-only signature or v2 headers
+    (their values sent in ``encoding``: HTTP carries latin-1)."""
     import json
 
     headers = [(b"content-type", b"application/json")]
     if isinstance(signature, str):
         headers.append((b"x-awa-signature", signature.encode()))
     elif signature is not None:
-        headers.extend((k.lower().encode(), v.encode()) for k, v in signature.items())
+        headers.extend((k.lower().encode(), v.encode(encoding)) for k, v in signature.items())
     scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
     sent: list[dict[str, Any]] = []
     messages = [{"type": "http.request", "body": body, "more_body": False}]

@@ -333,7 +333,7 @@ async def test_rescued_job_keeps_key_and_frees_its_slot(client: awa.AsyncClient,
     await conn.execute("UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' "
                        "WHERE id = $1", first.id)
     rescued = await pool.fetch(q["job_rescue_running"], timedelta(seconds=90), 100,
-                               timedelta(days=1))
+                               timedelta(days=1), None, [])
     assert [r["id"] for r in rescued] == [first.id]
     job = await client.get_job(first.id)
     assert job.state is S.Retryable and job.concurrency_key == "k"

@@ -146,3 +146,45 @@ async def test_every_second_with_three_workers_and_a_killed_leader(
     assert len(times) == len(set(times))  # exactly one job per fire time
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
     assert set(gaps) == {1.0}  # catch_up: no fire time was skipped across the fail-over
+
+
+async def test_a_schedule_this_host_cannot_read_is_reported_not_fatal(
+        client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A row naming a zone this host lacks (issue 40): listed with its error, the
+    others listed and fired; the service logs it once, without a traceback."""
+    from tests.test_cli import as_json, awa_cli
+    from tests.ui_helpers import call, serving
+
+    from awa.web.ui import ui_app
+
+    await _make_schedule(conn, "good", "coalesce", 1.4)
+    await _make_schedule(conn, "mars", "coalesce", 1.4)
+    await conn.execute("UPDATE awa.cron_jobs SET timezone = 'Mars/Olympus' WHERE name = 'mars'")
+    listed = {c["name"]: c for c in await client.list_cron_jobs()}
+    assert listed["mars"]["next_fire_at"] is None
+    assert "Mars/Olympus" in listed["mars"]["error"]
+    assert listed["good"]["error"] is None and listed["good"]["next_fire_at"] is not None
+    async with serving(ui_app(client=client)) as base:
+        status, body = await call(f"{base}/api/cron")
+        assert status == 200, body
+        assert {c["name"]: c["error"] is None for c in body["cron"]} == {"good": True,
+                                                                         "mars": False}
+    rows = as_json(await asyncio.to_thread(awa_cli, database_url, "cron", "list", "--json"))
+    assert {r["name"] for r in rows} == {"good", "mars"}
+    table = await asyncio.to_thread(awa_cli, database_url, "cron", "list")
+    assert table.returncode == 0 and "Mars/Olympus" in table.stdout, table.stderr
+    service = CronService(await client.pool(), queries(), timedelta(seconds=1), lambda: True)
+    with caplog.at_level("WARNING", logger="awa.cron"):
+        for _ in range(3):
+            await service.run_once()
+    about_mars = [r for r in caplog.records if "'mars'" in r.getMessage()]
+    assert len(about_mars) == 1 and about_mars[0].exc_info is None, caplog.records
+    fired = await conn.fetch("SELECT DISTINCT metadata->>'cron_name' AS name FROM awa.jobs")
+    assert [r["name"] for r in fired] == ["good"]
+    # Fixed by hand: it fires again, and says so.
+    await conn.execute("UPDATE awa.cron_jobs SET timezone = 'UTC' WHERE name = 'mars'")
+    await service.run_once()
+    assert await conn.fetchval(
+        "SELECT count(*) FROM awa.jobs WHERE metadata->>'cron_name' = 'mars'") == 1
+    assert service.broken == {}

@@ -10,7 +10,7 @@ import pydantic
 import pytest
 
 import awa
-from awa.core import serialize
+from awa.core import serialize, states
 
 
 @dataclasses.dataclass
@@ -272,3 +272,24 @@ async def test_inserted_job_is_the_stored_job(client: awa.AsyncClient,
     for f in dataclasses.fields(awa.Job):
         assert getattr(job, f.name) == getattr(stored, f.name), f.name
     assert job.run_at == stored.run_at and job.created_at == stored.created_at
+
+
+@pytest.mark.parametrize(("opts", "field"), [
+    ({"tags": ["t" * (states.TAG_MAX_LEN + 1)]}, "tags"),
+    ({"tags": ["ok", "x" * (8 * 1024 * 1024)]}, "tags"),
+    ({"after": [2**63]}, "after"), ({"after": [1, 2**64]}, "after"),
+    ({"after": [{"id": 2**63}]}, "after"),
+])
+async def test_oversized_tags_and_parent_ids_are_refused(
+        client: awa.AsyncClient, conn: asyncpg.Connection, opts: dict[str, object],
+        field: str) -> None:
+    """No size cap on tags (100 MiB went in), and after=[2**63] reached the
+    database as a DatabaseError (issue 40): both are `ValidationError`s now."""
+    with pytest.raises(awa.ValidationError) as info:
+        await client.insert(SendEmail("x"), **opts)  # type: ignore[arg-type]
+    assert info.value.field == field and info.value.rule
+    with pytest.raises(awa.ValidationError):
+        await client.insert_many([SendEmail("y")], **opts)  # type: ignore[arg-type]
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    tag = "t" * states.TAG_MAX_LEN  # the longest allowed
+    assert (await client.insert(SendEmail("z"), tags=[tag])).tags == [tag]

@@ -68,7 +68,7 @@ async def test_stale_completion_after_rescue_changes_nothing(client: awa.AsyncCl
     await conn.execute("UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' "
                        "WHERE id = $1", job.id)
     rescued = await pool.fetch(q["job_rescue_running"], timedelta(seconds=90), 100,
-                               timedelta(days=1))
+                               timedelta(days=1), None, [])
     assert [r["id"] for r in rescued] == [job.id]
     await conn.execute("UPDATE awa.jobs SET state = 'available' WHERE id = $1", job.id)
     second = await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0)

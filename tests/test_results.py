@@ -375,3 +375,38 @@ async def test_wait_for_sync_from_a_thread(client: awa.AsyncClient,
 def test_wait_for_sync_needs_an_open_client() -> None:
     with pytest.raises(awa.AwaError, match="running event loop"):
         awa.AsyncClient("postgresql://nobody@127.0.0.1:1/none").wait_for_sync(1, timeout=1)
+
+
+async def test_a_cancelled_waiter_keeps_the_registration_others_need(
+        client: awa.AsyncClient) -> None:
+    """The registration holds the latest deadline of the job's waiters; a waiter
+    cancelled with that deadline deleted it, and the others then heard no
+    NOTIFY (issue 40)."""
+    await _listening(client)
+    job = await client.insert(Work(5), queue="held")
+    pool = await client.pool()
+    staying = asyncio.create_task(client.wait_for(job.id, timeout=NO_POLL,
+                                                  poll_interval=NO_POLL))
+    await wait_until(lambda: pool.fetchval("SELECT count(*) FROM awa.job_waiters"),
+                     message="the first registration")
+    leaving = asyncio.create_task(client.wait_for(job.id, poll_interval=NO_POLL))  # no deadline
+    await wait_until(lambda: pool.fetchval(
+        "SELECT expires_at = 'infinity' FROM awa.job_waiters"), message="the second one")
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert await pool.fetchval("SELECT count(*) FROM awa.job_waiters") == 1
+    await _only_notify_can_wake(client)
+    await client.cancel(job.id)
+    done = await asyncio.wait_for(staying, PROMPT)
+    assert done.state is awa.JobState.Cancelled
+    assert await pool.fetchval("SELECT count(*) FROM awa.job_waiters") == 0
+
+
+async def test_cleanup_prunes_registrations_of_deleted_jobs(client: awa.AsyncClient) -> None:
+    job = await client.insert(Work(1), queue="nobody")
+    pool = await client.pool()
+    assert await pool.fetchval(queries()["result_register"], job.id, None) == job.id
+    await pool.execute("DELETE FROM awa.jobs WHERE id = $1", job.id)
+    await pool.execute(queries()["result_waiters_prune"])
+    assert await pool.fetchval("SELECT count(*) FROM awa.job_waiters") == 0

@@ -93,6 +93,34 @@ async def test_drain_runs_follow_ups_and_scheduled(awa_client: AwaTestClient) ->
     assert ran == ["notify:2"] and again[0].is_completed()
 
 
+async def test_drain_with_scheduled_waits_for_parents(awa_client: AwaTestClient) -> None:
+    """Children parked for their parents ran first, and despite a failing parent,
+    once include_scheduled made every scheduled job due (issue 40)."""
+    client = awa_client.client
+    ran: list[str] = []
+
+    @client.task(Resolve)
+    async def resolve(job: awa.JobContext) -> None:
+        ran.append(f"resolve:{job.args.n}")
+        if job.args.n < 0:
+            raise RuntimeError("parent fails")
+
+    @client.task(Notify)
+    async def notify(job: awa.JobContext) -> None:
+        ran.append(f"notify:{job.args.item}")
+
+    failing = await awa_client.insert(Resolve(-1), max_attempts=2)
+    doomed = await awa_client.insert(Notify(-1), after=[failing])
+    fine = await awa_client.insert(Resolve(1))
+    child = await awa_client.insert(Notify(1), after=[fine])
+    await awa_client.drain(include_scheduled=True)
+    assert ran.count("resolve:-1") == 2 and "notify:-1" not in ran
+    assert ran.index("resolve:1") < ran.index("notify:1")
+    assert (await client.get_job(failing.id)).state is awa.JobState.Failed
+    assert (await client.get_job(doomed.id)).state is awa.JobState.Cancelled
+    assert (await client.get_job(child.id)).state is awa.JobState.Completed
+
+
 async def test_clean_empties_the_schema(awa_client: AwaTestClient) -> None:
     await awa_client.insert(Resolve(1), unique_opts={})
     await awa_client.client.pause_queue("default")

@@ -138,3 +138,42 @@ async def test_large_values_are_cut_with_a_way_to_the_whole(client: awa.AsyncCli
         assert detail["job"]["metadata"] == {"m": "y" * 100}
         status, whole = await call(f"{base}/api/jobs/{job.id}?full=1")
         assert whole["truncated"] == {} and whole["job"]["args"] == {"blob": "x" * 300_000}
+
+
+def _js_function(source: str, header: str) -> str:
+    """The text of the page's top-level function starting with ``header``."""
+    start = source.index(header)
+    return source[start:source.index("\n}\n", start) + 2]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's JS")
+def test_the_runtime_page_escapes_what_workers_published() -> None:
+    """runtime_instances.queues is written by any role with that table: its
+    names and values were rendered as HTML (stored XSS, issue 40)."""
+    source = APP_JS.read_text()
+    helpers = source[source.index("function esc("):source.index("const stateChip")]
+    slots = _js_function(source, "function queueSlots(") if "function queueSlots(" in source \
+        else ""
+    script = helpers + slots + _js_function(source, "async function runtimeView(") + """
+const state = { countCap: 100000 };
+const bad = "<img src=x onerror=alert(1)>";
+const worker = (queues, extra) => ({ instance_id: "i", hostname: "h", pid: 1, queues,
+  stale: false, is_leader: false, in_flight: 0, claimed: 0, completed: 0, listening: true,
+  started_at: null, last_seen_at: null, ...extra });
+const pages = [
+  [worker({ [bad]: { in_flight: bad, max_workers: "<b>x</b>" } })],
+  [worker(null, { pid: bad, in_flight: bad }), worker(bad), worker([bad]), worker({ q: null })]];
+let api;
+(async () => {
+  const out = [];
+  for (const workers of pages) {
+    api = async () => ({ leader: null, workers });
+    out.push(await runtimeView().catch((e) => "threw " + e));
+  }
+  console.log(JSON.stringify(out));
+})();"""
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True)
+    hostile, odd = json.loads(out.stdout)
+    assert "<img" not in hostile and "<b>" not in hostile, hostile
+    assert hostile.count("&lt;img src=x onerror=alert(1)&gt;") == 2
+    assert not odd.startswith("threw") and "<img" not in odd, odd  # not an object: as JSON

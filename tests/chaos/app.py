@@ -229,6 +229,9 @@ async def doom(job: Any) -> None:
     raise awa.TerminalError("doomed by design")
 
 
+_HOLDING_THE_POOL = asyncio.Lock()
+
+
 @client.task(Stuck, queue=QUEUE)
 async def stuck(job: Any) -> None:
     await _record(job)
@@ -236,13 +239,17 @@ async def stuck(job: Any) -> None:
         return
     pool = await client.pool()
     held = []
-    try:
-        for _ in range(pool.get_max_size()):
-            held.append(await pool.acquire())
-        await asyncio.sleep(job.args.hold_s)
-    finally:
-        for conn in held:
-            await pool.release(conn)
+    # One at a time: two such handlers in one process, each holding part of
+    # the pool while waiting for the rest, would deadlock each other for good
+    # (a fault of this test handler, not of the worker).
+    async with _HOLDING_THE_POOL:
+        try:
+            for _ in range(pool.get_max_size()):
+                held.append(await pool.acquire())
+            await asyncio.sleep(job.args.hold_s)
+        finally:
+            for conn in held:
+                await pool.release(conn)
 
 
 @client.task(Sleeper, queue=QUEUE)

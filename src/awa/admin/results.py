@@ -84,7 +84,7 @@ class ResultWaiter:
         if self._interval() < self._sleeping:
             self._kick.set()  # the poll task sleeps a longer interval than this waiter wants
         state: str | None = None
-        finished = False
+        timed_out = False
         try:
             registered = False
             while True:
@@ -96,19 +96,25 @@ class ResultWaiter:
                 if job is None:
                     raise JobNotFound(f"no job with id {job_id}")
                 if job.state in states.TERMINAL:
-                    finished = True
                     return job
                 state = str(job.state)
                 if not registered:
                     continue  # active again (an admin retry) but not registered: register
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
+                    timed_out = True
                     raise WaitTimeout(job_id, timeout or 0.0, state)
                 if not await wait_signal(event, remaining):
+                    timed_out = True
                     raise WaitTimeout(job_id, timeout or 0.0, state)
         finally:
             self._forget(job_id, event)
-            if not finished:  # a finish deletes the registration itself
+            # A finish deletes the registration itself. A waiter whose deadline
+            # passed drops it unless another waiter's deadline is later; one
+            # that gave up early (cancelled) leaves it: the row holds only the
+            # latest deadline, so another waiter on the job may still need it.
+            # It lapses at that deadline (cleanup prunes it), or goes with the job.
+            if timed_out:
                 with contextlib.suppress(Exception):
                     await self._pool.execute(self._q["result_unregister"], job_id, expires)
 

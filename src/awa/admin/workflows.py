@@ -35,7 +35,8 @@ class Edge:
 
 @dataclass(frozen=True, slots=True)
 class WorkflowNode:
-    """A job of the graph. ``state`` None: discarded, or pruned past its retention."""
+    """A job of the graph. ``state`` None: discarded, deleted by hand, or pruned
+    past its retention (see `status`)."""
 
     id: int
     kind: str | None
@@ -54,7 +55,13 @@ class WorkflowNode:
         """The state as a reader wants it: a parked job is ``waiting`` on its parents."""
         if self.state == "scheduled" and self.waiting_on:
             return "waiting"
-        return self.state or "discarded"
+        if self.state is not None:
+            return self.state
+        # No row: discarded by its policy when a parent failed, else gone (deleted
+        # by hand, or pruned), which a parent deleted with SQL is.
+        discarded = any(e.policy == "discard" and e.parent_state not in (None, "completed")
+                        for e in self.parents)
+        return "discarded" if discarded else "gone"
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,10 +275,13 @@ def cron() -> None:
 @json_option
 @click.pass_obj
 def cron_list(obj: dict[str, Any], full: bool, as_json: bool) -> None:
-    """Every schedule, with its next fire time."""
-    emit(run_with_client(obj, lambda c: c.list_cron_jobs()), as_json,
-         ("name", "cron_expr", "timezone", "kind", "queue", "paused", "last_fire_at",
-          "next_fire_at"), title="cron", full=full)
+    """Every schedule, with its next fire time (and why not, for one that cannot fire)."""
+    rows = run_with_client(obj, lambda c: c.list_cron_jobs())
+    columns: tuple[str, ...] = ("name", "cron_expr", "timezone", "kind", "queue", "paused",
+                                "last_fire_at", "next_fire_at")
+    if any(r.get("error") for r in rows):
+        columns += ("error",)
+    emit(rows, as_json, columns, title="cron", full=full)
 
 
 _CRON_ACTIONS = {

@@ -7,9 +7,11 @@ PostgreSQL. Failures exit non-zero with a one-line reason on stderr.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -189,18 +191,44 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
             raise click.BadParameter(f"{spec!r} is not KEY=VALUE", param_hint="--set")
         start_options[key] = _parse_value(key, value)
 
-    async def go() -> None:
+    log = logging.getLogger("awa.worker")
+
+    async def go() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            if stop.is_set():  # the second SIGTERM / SIGINT: stop waiting for anything
+                log.warning("second signal: exiting now; jobs still running are "
+                            "retried after rescue")
+                _exit_now(128 + signum)
+            stop.set()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         await client.start(queue_list, **start_options)
-        logging.getLogger("awa.worker").info("worker started (pid %s)", _pid())
+        log.info("worker started (pid %s)", _pid())
         await stop.wait()
-        logging.getLogger("awa.worker").info("shutting down")
+        log.info("shutting down")
+        runtime = client.runtime
         await client.shutdown(timeout_ms=shutdown_timeout_ms)
         await client.close()
-    _run(go())
+        return runtime.handlers_in_threads() if runtime is not None else 0
+    left = _run(go())
+    if left:
+        # Outcomes of handlers that finished in time are written; these did not,
+        # and a thread cannot be stopped: exit instead of waiting for them.
+        log.warning("exiting with %d sync handlers still running past the shutdown "
+                    "timeout; rescue will retry their jobs", left)
+        _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once (no waiting for handler threads), logs flushed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 class JsonFormatter(logging.Formatter):
@@ -226,6 +254,4 @@ def configure_logging(level: str, fmt: str) -> None:
 
 
 def _pid() -> int:
-    import os
-
     return os.getpid()

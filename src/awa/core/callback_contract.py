@@ -109,7 +109,8 @@ def verify_request(secret: bytes | str, action: str, callback_id: str, body: byt
             return None
         return "legacy id-only signature refused" if not accept_legacy else "bad signature"
     raw_expires = (lower.get(EXPIRES_HEADER.lower()) or "").strip()
-    if not raw_expires.isdigit() or len(raw_expires) > 12:
+    # ASCII digits only: str.isdigit also accepts "²" and other digits int() refuses.
+    if not (raw_expires.isascii() and raw_expires.isdigit()) or len(raw_expires) > 12:
         return f"missing or malformed {EXPIRES_HEADER}"
     expires = int(raw_expires)
     current = time.time() if now is None else now

@@ -126,6 +126,11 @@ UNIQUE_STATES_MAX = 0b1111_1111
 STAGED_FOLLOW_UPS_MAX = 16
 STAGED_FOLLOW_UPS_MAX_BYTES = 64 * 1024
 OUTPUT_MAX_BYTES = 64 * 1024
+#: Longest error text kept per attempt (characters): a handler's exception
+#: message past this is cut, ending with a marker that says how long it was.
+ERROR_TEXT_MAX = 16 * 1024
+#: Longest tag (characters); at most TAGS_MAX of them.
+TAG_MAX_LEN = 1024
 
 # -- runtime defaults (spec §2.3) ---------------------------------------------
 # A crashed worker's attempts are rescued within HEARTBEAT_STALENESS + RESCUE_INTERVAL
@@ -194,3 +199,10 @@ DEPENDENCY_PARENTS_MAX = 10_000
 WORKFLOW_JOBS_MAX = 10_000
 #: Resolved dependency edges (kept for the workflow graph) are pruned after this.
 DEPENDENCY_RETENTION = timedelta(hours=72)
+#: Children the statement finishing a parent releases itself (migration 0019,
+#: counted over its cascade); the workers' release service does the rest.
+DEPENDENCY_RELEASE_INLINE = 1000
+#: Children per transaction of the release service (its default chunk).
+DEPENDENCY_RELEASE_CHUNK = 5000
+#: How often each worker looks for parents whose children are left to release.
+DEPENDENCY_RELEASE_INTERVAL = timedelta(milliseconds=250)

@@ -38,6 +38,24 @@ def check_text(field: str, value: Any) -> str:
     return value
 
 
+def storable_text(text: str, limit: int = states.ERROR_TEXT_MAX) -> str:
+    """``text`` made storable, for what Awa records rather than refuses (a
+    handler's error message): a NUL becomes the four characters ``\\x00``, a
+    lone surrogate its ``\\udcXX`` escape, and text longer than ``limit``
+    characters keeps its head and ends with a marker giving the full length."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode()
+    if len(text) > limit:
+        marker = f"... [cut: {len(text)} characters in all]"
+        text = text[:max(0, limit - len(marker))] + marker
+    return text
+
+
 def check_name(field: str, value: Any) -> str:
     """A kind, queue or other name: 1-200 characters of storable text."""
     if not isinstance(value, str):
@@ -67,6 +85,15 @@ def check_id(field: str, value: Any) -> int:
     return check_int(field, value, ID_MIN, ID_MAX)
 
 
+def check_parent_id(item: Any, value: Any) -> int:
+    """A parent named in ``after``: a job id (an int >= 1 that fits a bigint);
+    ``item`` is what the caller passed (a job, a job dict, or the id)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ID_MAX:
+        raise ValidationError("after", f"{item!r} is neither a job nor a job id "
+                                       f"(ids are 1..{ID_MAX})")
+    return value
+
+
 def check_seconds(field: str, value: Any) -> float:
     """A finite number of seconds in ``0..MAX_SECONDS`` (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -87,6 +114,8 @@ def check_tags(tags: Any) -> list[str]:
         if not isinstance(tag, str):
             raise ValidationError("tags", "must be a list of strings")
         check_text("tags", tag)
+        if len(tag) > states.TAG_MAX_LEN:
+            raise ValidationError("tags", f"each tag at most {states.TAG_MAX_LEN} characters")
     return list(tags)
 
 

@@ -210,18 +210,20 @@ class HeldConnection:
         self._pool = pool
         self._conn: PoolConnectionProxy | None = None
 
-    async def fetch(self, sql: str, *args: Any) -> list[Any]:
-        result: list[Any] = await self._run("fetch", sql, args)
+    async def fetch(self, sql: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        result: list[Any] = await self._run("fetch", sql, args, timeout)
         return result
 
     async def execute(self, sql: str, *args: Any) -> str:
         result: str = await self._run("execute", sql, args)
         return result
 
-    async def _run(self, method: str, sql: str, args: tuple[Any, ...]) -> Any:
+    async def _run(self, method: str, sql: str, args: tuple[Any, ...],
+                   timeout: float | None = None) -> Any:
         conn = self._conn if self._conn is not None else await self._borrow()
+        kwargs = {} if timeout is None else {"timeout": timeout}
         try:
-            return await getattr(conn, method)(sql, *args)
+            return await getattr(conn, method)(sql, *args, **kwargs)
         except asyncpg.InterfaceError as exc:
             if not _detached(exc):
                 await self.release()
@@ -235,7 +237,7 @@ class HeldConnection:
         self._conn = None
         conn = await self._borrow()
         try:
-            return await getattr(conn, method)(sql, *args)
+            return await getattr(conn, method)(sql, *args, **kwargs)
         except BaseException:
             await self.release()
             raise

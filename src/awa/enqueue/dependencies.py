@@ -1,9 +1,11 @@
 """Job dependencies: insert a job that waits for other jobs (``after=``).
 
 A child waits as a ``scheduled`` job parked at `states.PARKED_RUN_AT`, with
-one edge per parent in ``awa.job_dependencies``. It is released by the
-statement that finishes its last parent (a trigger, the job_dependencies migration): made
-available when every parent completed, or, when a parent failed or was
+one edge per parent in ``awa.job_dependencies``. It is released once its last
+parent finishes: by the statement that finishes the parent (a trigger, the
+job_dependencies migration) for the first 1,000 children, by the workers'
+``release`` service in bounded chunks for the rest (migration 0019). It is
+made available when every parent completed, or, when a parent failed or was
 cancelled, handled by its ``on_parent_failure`` policy:
 
 - ``"cancel"`` (default): the child is cancelled (an error entry names the parent);
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, cast
 
-from awa.core import states
+from awa.core import states, validate
 from awa.core.errors import ValidationError
 from awa.core.model import Job
 from awa.db.errors import translated
@@ -76,9 +78,8 @@ def parent_ids(after: object) -> list[int]:
         raise ValidationError("after", "must be a list of jobs or job ids")
     ids: list[int] = []
     for item in after:
-        value = item.get("id", item) if isinstance(item, Mapping) else getattr(item, "id", item)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValidationError("after", f"{item!r} is neither a job nor a job id")
+        value = validate.check_parent_id(item, item.get("id", item) if isinstance(item, Mapping)
+                                         else getattr(item, "id", item))
         if value not in ids:
             ids.append(value)
     if not ids:
@@ -168,12 +169,14 @@ def check_parents(parents: Sequence[int], children: Iterable[Parents]) -> Plan[F
     return finished
 
 
-def release(finished: Finished) -> Plan[None]:
-    """Apply the parents found already finished to their new children."""
+def release(finished: Finished, children: Sequence[int] | None = None) -> Plan[None]:
+    """Apply the parents found already finished to their new ``children`` (None:
+    to every open edge of those parents, as when the inserted ids are unknown)."""
     if finished:
         ids = list(finished)
         yield "dependency_release", (ids, [finished[p][0] for p in ids],
-                                     [finished[p][1] for p in ids])
+                                     [finished[p][1] for p in ids],
+                                     None if children is None else list(children))
 
 
 def insert_after_plan(job: PreparedJob, after: Sequence[int], policy: Policy) -> Plan[Row]:
@@ -187,7 +190,7 @@ def insert_after_plan(job: PreparedJob, after: Sequence[int], policy: Policy) ->
     yield "dependency_insert_edges", ([child] * len(after), list(after),
                                       [policy] * len(after), list(range(len(after))))
     if finished:
-        yield from release(finished)
+        yield from release(finished, [child])
         row = yield "job_get", (child,)
         assert row is not None
     return row
@@ -236,7 +239,9 @@ async def _insert_staged(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
             await producer.stage(conn, q, records, with_parents=True)
             found = await conn.fetch(q[statement])
             if finished:
-                await run(conn, q, release(finished))
+                ids = ([r["id"] for r in found]
+                       if statement == "dependency_insert_from_staging" else None)
+                await run(conn, q, release(finished, ids))
                 if statement == "dependency_insert_from_staging":
                     found = await conn.fetch(q["dependency_jobs_get"],
                                              [r["id"] for r in found])
@@ -277,7 +282,8 @@ async def _insert_array(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
             rows = await conn.fetch(q[statement], *producer.array_params(ready), after,
                                     policies)
             if finished:
-                await run(conn, q, release(finished))
+                ids = [r["id"] for r in rows] if statement == "dependency_insert_many" else None
+                await run(conn, q, release(finished, ids))
                 if statement == "dependency_insert_many":
                     rows = await conn.fetch(q["dependency_jobs_get"],
                                             [r["id"] for r in rows])
@@ -312,7 +318,7 @@ async def copy_many_after(conn: Conn, q: Queries, jobs: Sequence[PreparedJob],
                 assert row is not None
                 count += int(row["inserted"])
                 if finished:
-                    await run(conn, q, release(finished))
+                    await run(conn, q, release(finished, ids))
     telemetry.inserted_jobs(jobs)
     return count
 
@@ -383,7 +389,7 @@ async def insert_graph(conn: Conn, q: Queries,
 async def _reread(conn: Conn, q: Queries, jobs: list[Job], finished: Finished) -> list[Job]:
     """Apply finished parents to a just-inserted workflow and read its jobs again;
     refuses (rolling it all back) a workflow that a parent discards in part."""
-    await run(conn, q, release(finished))
+    await run(conn, q, release(finished, [j.id for j in jobs]))
     rows = {r["id"]: r for r in await conn.fetch(q["dependency_jobs_get"],
                                                   [j.id for j in jobs])}
     gone = next((j for j in jobs if j.id not in rows), None)

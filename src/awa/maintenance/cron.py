@@ -31,8 +31,11 @@ from awa.db.queries import Queries
 from awa.enqueue import producer
 from awa.maintenance.base import PeriodicService
 from awa.telemetry import otel as telemetry
+from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.cron")
+#: Failures other than a bad row (the database): once with the traceback, then a line per 30 s.
+_failures = FailureLog(log)
 POLICIES = ("coalesce", "catch_up")
 CATCH_UP_LIMIT = 100
 #: A schedule that never fired fires its latest fire time if it is this recent
@@ -58,8 +61,15 @@ def _validate_timezone(name: Any) -> ZoneInfo:
         raise ValidationError("timezone", "must be an IANA timezone name")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValidationError("timezone", f"unknown IANA timezone {name!r}") from exc
+
+
+def _schedule_of(row: Any) -> ZoneInfo:
+    """A stored schedule's timezone, its expression checked: the row may name a
+    zone this host lacks (written by a host with newer tz data, or by hand)."""
+    _validate_expr(row["cron_expr"])
+    return _validate_timezone(row["timezone"])
 
 
 def fire_times(expr: str, tz: ZoneInfo, after: datetime, until: datetime,
@@ -79,12 +89,6 @@ def _latest_fire(expr: str, tz: ZoneInfo, until: datetime) -> datetime:
     """The last fire time at or before ``until``."""
     it = _iter(expr, until.astimezone(tz) + timedelta(microseconds=1))
     result: datetime = it.get_prev(datetime)
-    return result
-
-
-def _next_fire(expr: str, timezone: str, after: datetime) -> datetime:
-    """The first fire time after ``after``."""
-    result: datetime = _iter(expr, after.astimezone(ZoneInfo(timezone))).get_next(datetime)
     return result
 
 
@@ -167,18 +171,32 @@ class CronService(PeriodicService):
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
         self.fired = 0
+        #: Schedules that cannot fire as stored: name -> the reason, logged once.
+        self.broken: dict[str, str] = {}
 
     async def run_once(self) -> None:
         rows = await self._pool.fetch(self._q["cron_list"])
         for row in rows:
-            if not row["paused"]:
-                try:
-                    await self._fire(row)
-                except Exception:
-                    log.exception("cron schedule %r failed to fire", row["name"])
+            if row["paused"]:
+                continue
+            name = row["name"]
+            try:
+                await self._fire(row)
+            except ValidationError as exc:  # the row itself: skip it, say so once
+                if self.broken.get(name) != str(exc):
+                    log.warning("cron schedule %r cannot fire and is skipped until it is "
+                                "fixed: %s", name, exc)
+                self.broken[name] = str(exc)
+                continue
+            except Exception as exc:
+                _failures.failed(f"cron schedule {name!r}", exc)
+                continue
+            _failures.ok(f"cron schedule {name!r}")
+            if self.broken.pop(name, None) is not None:
+                log.warning("cron schedule %r fires again", name)
 
     async def _fire(self, row: Any) -> None:
-        tz = ZoneInfo(row["timezone"])
+        tz = _schedule_of(row)
         if row["last_fire_at"] is None:
             # Never fired: a fire time missed by at most FIRST_FIRE_WINDOW is due now, so
             # a frequent schedule runs at once (as in awa-pg) and one declared just after
@@ -221,6 +239,13 @@ def describe(row: Any) -> dict[str, Any]:
                                "updated_at", "concurrency_key")}
     out["max_in_flight"] = row["concurrency_limit"]
     base = max(filter(None, [row["last_fire_at"], row["db_now"]]))
-    out["next_fire_at"] = None if row["paused"] else _next_fire(row["cron_expr"],
-                                                               row["timezone"], base)
+    out["next_fire_at"] = None
+    out["error"] = None  # why it cannot fire, for a row this host cannot read
+    try:
+        tz = _schedule_of(row)
+        if not row["paused"]:
+            out["next_fire_at"] = _iter(row["cron_expr"], base.astimezone(tz)).get_next(
+                datetime)
+    except Exception as exc:  # croniter's errors too: one bad row never hides the rest
+        out["error"] = str(exc) or type(exc).__name__
     return out

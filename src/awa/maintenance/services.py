@@ -9,13 +9,15 @@ from typing import Any
 
 import asyncpg
 
-from awa.core.states import DEPENDENCY_RETENTION
+from awa.core.states import DEPENDENCY_RELEASE_CHUNK, DEPENDENCY_RETENTION, FAILED_RETENTION
 from awa.db.queries import Queries, rows_affected
-from awa.maintenance.base import PeriodicService
+from awa.maintenance.base import PeriodicService, Quarantine, lost_connection
 from awa.telemetry import joblog
 from awa.telemetry import otel as telemetry
+from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.maintenance")
+_failures = FailureLog(log)
 PROMOTE_BATCH = 5000
 RESCUE_BATCH = 1000
 #: A worker seen this recently serves the queues it announced (presence is every 2 s).
@@ -39,13 +41,22 @@ class Promoter(PeriodicService):
         self._pool, self._q = pool, q
         self.promoted = 0
 
+        self.quarantine = Quarantine("promotion")
+
     async def run_once(self) -> None:
-        while True:
-            rows = await self._pool.fetch(self._q["job_promote_due"], PROMOTE_BATCH)
+        async def batch(only: list[int] | None, never: list[int]) -> int:
+            rows = await self._pool.fetch(self._q["job_promote_due"], PROMOTE_BATCH, only,
+                                          never)
             n = sum(r["n"] for r in rows)
             self.promoted += n
-            if n < PROMOTE_BATCH:
-                return
+            return int(n)
+
+        async def due(never: list[int]) -> list[int]:
+            rows = await self._pool.fetch(self._q["job_promote_candidates"], PROMOTE_BATCH,
+                                          never)
+            return [r["id"] for r in rows]
+
+        await self.quarantine.run(batch, due, PROMOTE_BATCH)
 
 
 class Rescuer(PeriodicService):
@@ -63,22 +74,97 @@ class Rescuer(PeriodicService):
         self._staleness = staleness
         self._failed_retention = failed_retention
         self.rescued = 0
+        #: Jobs whose rescue fails on its own (one per statement): see `Quarantine`.
+        self.quarantines = {"job_rescue_running": Quarantine("rescue"),
+                            "callback_rescue_expired": Quarantine("callback rescue")}
+
+    async def run_once(self) -> None:
+        """Both statements run whatever the other did, and each one's failure for a
+        single job leaves the other jobs' rescue alone (`Quarantine`)."""
+        q = self._q
+        failed: Exception | None = None
+        for name, args, due_name, due_args in (
+                ("job_rescue_running", (self._staleness, RESCUE_BATCH, self._failed_retention),
+                 "job_rescue_candidates", (self._staleness, RESCUE_BATCH)),
+                ("callback_rescue_expired", (RESCUE_BATCH, self._failed_retention),
+                 "callback_rescue_candidates", (RESCUE_BATCH,))):
+            async def batch(only: list[int] | None, never: list[int], name: str = name,
+                            args: tuple[Any, ...] = args) -> int:
+                rows = await self._pool.fetch(q[name], *args, only, never)
+                await self._record(rows)
+                return len(rows)
+
+            async def due(never: list[int], due_name: str = due_name,
+                          due_args: tuple[Any, ...] = due_args) -> list[int]:
+                return [r["id"] for r in await self._pool.fetch(q[due_name], *due_args, never)]
+
+            try:
+                await self.quarantines[name].run(batch, due, RESCUE_BATCH)
+            except Exception as exc:
+                if lost_connection(exc):
+                    raise
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    async def _record(self, rows: list[Any]) -> None:
+        self.rescued += len(rows)
+        telemetry.rescued(rows)
+        for r in rows:
+            joblog.rescued(r)
+        if rows and self._on_rescued is not None:
+            await self._on_rescued(list(rows))
+
+
+class DependencyReleaser(PeriodicService):
+    """Releases the children that the finish of their parent left over (migration 0019).
+
+    The statement that finishes a parent releases at most 1,000 of its
+    children; a parent with more is left in ``awa.dependency_releases``. Each
+    pass takes those parents in turn (round robin, so one huge fan-out does not
+    hold up the others), one chunk of ``chunk_size`` children per statement and
+    so per transaction, until none is left. Every worker runs it: a parent
+    another worker is releasing is skipped (SKIP LOCKED), and a parent whose
+    chunk fails is left for the next pass without stopping the others.
+    """
+
+    name = "release"
+    leader_only = False
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 chunk_size: int = DEPENDENCY_RELEASE_CHUNK) -> None:
+        super().__init__(interval, lambda: True)
+        self._pool, self._q = pool, q
+        self.chunk_size = chunk_size
+        self.released = 0  #: children made available, cancelled or discarded
+        self.chunks = 0
+        self.failed = 0
 
     async def run_once(self) -> None:
         q = self._q
-        for name, args in (
-                ("job_rescue_running", (self._staleness, RESCUE_BATCH, self._failed_retention)),
-                ("callback_rescue_expired", (RESCUE_BATCH, self._failed_retention))):
-            while True:
-                rows = await self._pool.fetch(q[name], *args)
-                self.rescued += len(rows)
-                telemetry.rescued(rows)
-                for r in rows:
-                    joblog.rescued(r)
-                if rows and self._on_rescued is not None:
-                    await self._on_rescued(list(rows))
-                if len(rows) < RESCUE_BATCH:
-                    break
+        skip: set[int] = set()  # failed, or another worker's, for the rest of this pass
+        while True:
+            rows = await self._pool.fetch(q["dependency_releases_next"], sorted(skip), 100)
+            if not rows:
+                return
+            for r in rows:
+                parent = r["parent_id"]
+                try:
+                    row = await self._pool.fetchrow(q["dependency_release_one"], parent,
+                                                    self.chunk_size)
+                except Exception as exc:
+                    if lost_connection(exc):
+                        raise
+                    self.failed += 1
+                    _failures.failed(f"release of the children of job {parent}", exc)
+                    skip.add(parent)
+                    continue
+                _failures.ok(f"release of the children of job {parent}")
+                if row is None:  # done (its row is gone) or another worker has it
+                    skip.add(parent)
+                    continue
+                self.chunks += 1
+                self.released += int(row["touched"])
 
 
 class Cleaner(PeriodicService):
@@ -88,11 +174,13 @@ class Cleaner(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, retentions: Iterable[timedelta],
-                 batch_size: int,
-                 dlq_retention: timedelta) -> None:
+                 batch_size: int, dlq_retention: timedelta,
+                 failed_retention: timedelta = FAILED_RETENTION) -> None:
         super().__init__(interval, is_leader)
         self._pool, self._q = pool, q
         self._dlq_retention = dlq_retention
+        self._failed_retention = failed_retention
+        self.orphans_released = 0  #: children of parents deleted by hand, released
         self._retentions = sorted(set(retentions))
         self._lookahead = interval * 2
         self._batch = batch_size
@@ -140,6 +228,15 @@ class Cleaner(PeriodicService):
             await conn.execute(q["callback_rules_prune"])
             await self._delete_in_batches(conn, "dlq_prune", self._dlq_retention)
             await self._delete_in_batches(conn, "dependency_prune", DEPENDENCY_RETENTION)
+            # Children of a parent deleted by hand (no finish to release them)
+            # would wait forever: their on_parent_failure applies instead.
+            released = await conn.fetchval(q["dependency_release_orphans"],
+                                           self._failed_retention, self._batch,
+                                           DEPENDENCY_RELEASE_CHUNK)
+            if released:
+                log.warning("%d jobs waited for parents that no longer exist (deleted, not "
+                            "finished); their on_parent_failure policy was applied", released)
+                self.orphans_released += released
 
     async def _delete_in_batches(self, conn: Any, statement: str, *args: Any) -> None:
         """Run a delete of at most ``batch_size`` rows (its last parameter) until

@@ -71,7 +71,7 @@ async def fail_external(db: Executor, q: Queries, callback_id: Any, error: str,
                         *, retention: timedelta = states.FAILED_RETENTION,
                         followups: FollowUpRegistry | None = None) -> Job:
     """Fail the job waiting on ``callback_id`` with ``error``."""
-    validate.check_text("error", error)
+    error = validate.storable_text(validate.check_text("error", error))  # cut if too long
     return await _resolve(db, q, "callback_fail", callback_id, error, retention,
                           trigger="exhausted", followups=followups)
 

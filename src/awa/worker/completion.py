@@ -7,11 +7,21 @@ batches grow with load and add no delay when idle. Until its batch commits a
 job stays ``running`` in the database and keeps being heartbeated; if the
 process dies first, rescue re-runs it: never marked done without having run.
 Other outcomes are rarer and written one statement each.
+
+A batch waits for no other transaction for long: one that takes longer than
+`BATCH_WAIT` is cut short (a row of it is most likely locked: an application
+transaction inserting a child ``after=`` a job of the batch holds that job's
+row until it commits) and its jobs are written one by one; those still held up
+after `ALONE_WAIT` are written alone, in the background, until they go
+through. So one open transaction delays only the completion of the job it
+holds (which waits for it, as the insert requires), never the others, and
+never makes a worker give up a finished job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import uuid
@@ -22,6 +32,7 @@ from typing import Any
 
 import asyncpg
 
+from awa.core import validate
 from awa.core.model import Outcome
 from awa.db.errors import translated
 from awa.db.pool import Conn, HeldConnection
@@ -35,6 +46,13 @@ log = logging.getLogger("awa.completion")
 #: Retries during an outage: the first failure with its traceback, then a line per 30 s.
 _failures = FailureLog(log)
 RETRY_DELAYS = (0.05, 0.2, 1.0, 2.0, 5.0)
+#: A completion batch still running after this long is cut short and written job
+#: by job (a normal one takes milliseconds; the statement that finishes a parent
+#: releases at most 1,000 of its children itself).
+BATCH_WAIT = 5.0
+#: How long each job of a cut batch may take before it is written alone, in the
+#: background (`Completer.blocked`).
+ALONE_WAIT = 2.0
 
 
 @dataclass(slots=True, eq=False)
@@ -61,6 +79,10 @@ class Completer:
         self._max_batch = max_batch
         self._shard = os.getpid() % 32_000
         self._pending: dict[int, _Pending] = {}
+        #: Completions held up by another transaction's lock on their row, written
+        #: alone in the background until they go through (see the module's doc).
+        self.blocked: dict[int, _Pending] = {}
+        self._blocked_task: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -127,7 +149,9 @@ class Completer:
 
     def pending(self) -> dict[int, int]:
         """Attempts whose completion is not yet written: id → run lease."""
-        return {job_id: p.lease for job_id, p in self._pending.items()}
+        pending = {job_id: p.lease for job_id, p in self.blocked.items()}
+        pending.update((job_id, p.lease) for job_id, p in self._pending.items())
+        return pending
 
     def complete(self, job_id: int, lease: int, output_json: str | None = None,
                  followups: Sequence[PreparedJob] = (), *,
@@ -149,6 +173,9 @@ class Completer:
         """Wait until every queued completion is written (or its task stopped)."""
         while self._pending and self._task is not None and not self._task.done():
             await self._idle.wait()
+        while self.blocked and self._blocked_task is not None \
+                and not self._blocked_task.done():
+            await asyncio.wait([self._blocked_task], timeout=0.1)
 
     async def stop(self, timeout: float | None = None) -> None:
         """Write what is pending (waiting at most ``timeout`` s), then stop.
@@ -161,10 +188,15 @@ class Completer:
         except TimeoutError:
             log.warning("stopping with %d completions unwritten; rescue will re-run them",
                         len(self._pending))
-        for task in (self._task, self._counts_task):
+        if self.blocked:
+            log.warning("stopping with %d completions held up by other transactions' locks; "
+                        "rescue will re-run them", len(self.blocked))
+        for task in (self._task, self._counts_task, self._blocked_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        for p in self.blocked.values():
+            _resolve(p.future, False)
         await self.flush_counts()
         if isinstance(self._batch, HeldConnection):
             await self._batch.release()
@@ -182,7 +214,7 @@ class Completer:
                     for job_id, p in batch:
                         if pending.get(job_id) is p:
                             del pending[job_id]
-                        if p.future is not None:
+                        if p.future is not None and self.blocked.get(job_id) is not p:
                             _resolve(p.future, False)
                     if self.on_flushed is not None:
                         self.on_flushed()
@@ -203,7 +235,7 @@ class Completer:
                     else:
                         rows = await self._batch.fetch(
                             self._q["attempt_complete_batch"], ids, leases, outputs,
-                            self._completed_retention)
+                            self._completed_retention, timeout=BATCH_WAIT)
                 if any(p.future is not None for _, p in batch):
                     done = {r["id"] for r in rows}
                     for job_id, p in batch:
@@ -217,6 +249,14 @@ class Completer:
                 _failures.ok("completion batch write")
                 return
             except Exception as exc:
+                if _timed_out(exc):
+                    # Most likely a row of the batch is locked by an open transaction:
+                    # the others must not wait for it.
+                    log.warning("a completion batch of %d jobs took over %.0f s (a row locked "
+                                "by an open transaction?): writing it job by job", len(batch),
+                                BATCH_WAIT)
+                    await self._split(batch)
+                    return
                 if with_followups and not _transient(exc):
                     # A follow-up was rejected: isolate it, one job per transaction.
                     await self._one_by_one(batch)
@@ -238,7 +278,7 @@ class Completer:
             await conn.execute(self._q["tx_begin_deferred_notify"])
             try:
                 rows = await conn.fetch(self._q["attempt_complete_batch"], ids, leases, outputs,
-                                        self._completed_retention)
+                                        self._completed_retention, timeout=BATCH_WAIT)
                 done = {r["id"] for r in rows}
                 plain: list[PreparedJob] = []
                 for job_id, p in batch:
@@ -260,6 +300,70 @@ class Completer:
         self.notify(r.queue for job_id, p in batch if job_id in done for r in p.followups)
         return rows
 
+    async def _split(self, batch: list[tuple[int, _Pending]]) -> None:
+        """A batch cut short, written job by job; a job still held up after
+        `ALONE_WAIT` joins `blocked` (its future stays open)."""
+        for job_id, p in batch:
+            done = await self._complete_alone(job_id, p, ALONE_WAIT)
+            if done is None:
+                self.blocked[job_id] = p
+                if self._blocked_task is None or self._blocked_task.done():
+                    self._blocked_task = asyncio.get_running_loop().create_task(
+                        self._write_blocked(), name="awa-completer-blocked")
+                continue
+            _resolve(p.future, done)
+
+    async def _write_blocked(self) -> None:
+        """Write the held-up completions alone, each waiting as long as the pool lets
+        a statement run, again and again until it goes through: only the job whose
+        row is held waits, and a finished job is never given up while the worker
+        runs (its row stays ``running`` and heartbeated meanwhile)."""
+        delay = 0.05
+        while self.blocked:
+            for job_id, p in list(self.blocked.items()):
+                done = await self._complete_alone(job_id, p, None)
+                if done is None:
+                    continue
+                del self.blocked[job_id]
+                _resolve(p.future, done)
+                delay = 0.05
+            if self.blocked:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _complete_alone(self, job_id: int, p: _Pending,
+                              timeout: float | None) -> bool | None:
+        """One completion (with its follow-ups) in its own transaction: whether it was
+        written (False: stale lease, or a follow-up rejected, as `write`); None if it
+        timed out or failed transiently, to be tried again."""
+        sql, args = self._statement(job_id, p.lease, Outcome("completed", output_json=p.output),
+                                    None)
+        try:
+            with translated():
+                if p.followups:
+                    async with self._pool.acquire() as conn:
+                        written = await self._write_with_followups(conn, job_id, sql, args,
+                                                                   p.followups, timeout)
+                    if written:
+                        self.notify(r.queue for r in p.followups)
+                else:
+                    rows = await self._pool.fetch(sql, *args, timeout=timeout)
+                    written = bool(rows)
+                    for r in rows:
+                        self.count(r["queue"], "completed")
+        except Exception as exc:
+            if _timed_out(exc) or _transient(exc):
+                _failures.failed(f"completion of job {job_id}", exc)
+                return None
+            log.exception("giving up writing the completion of job %d", job_id)
+            return False
+        _failures.ok(f"completion of job {job_id}")
+        if written:
+            self.completed += 1
+        else:
+            self.stale += 1
+        return written
+
     async def _one_by_one(self, batch: list[tuple[int, _Pending]]) -> None:
         for job_id, p in batch:
             ok = await self.write(job_id, p.lease, Outcome("completed", output_json=p.output),
@@ -271,6 +375,8 @@ class Completer:
     def _statement(self, job_id: int, lease: int, outcome: Outcome,
                    progress_json: str | None) -> tuple[str, tuple[object, ...]]:
         q = self._q
+        if outcome.error is not None:  # any outcome's text, as the executor makes a handler's
+            outcome = dataclasses.replace(outcome, error=validate.storable_text(outcome.error))
         if outcome.kind == "completed":
             return q["attempt_complete_batch"], ([job_id], [lease], [outcome.output_json],
                                                  self._completed_retention)
@@ -296,41 +402,53 @@ class Completer:
 
         Transient failures (deadlock, lost connection) retry the whole transaction
         with the same follow-ups; a replay of a commit whose acknowledgement was
-        lost finds no running row and inserts nothing.
+        lost finds no running row and inserts nothing. A statement that timed out
+        (its row held by an open transaction, most likely) is retried without
+        limit: only this job waits, and its outcome is not given up.
         """
         sql, args = self._statement(job_id, lease, outcome, progress_json)
-        for delay in (*RETRY_DELAYS, None):
+        delays = iter((*RETRY_DELAYS, None))
+        waited = False
+        while True:
             try:
                 with translated():
                     if not followups:
                         row = await self._pool.fetchrow(sql, *args)
                         telemetry.dead_lettered(row)
-                        _failures.ok("outcome write")
-                        return row is not None
-                    async with self._pool.acquire() as conn:
-                        written = await self._write_with_followups(conn, job_id, sql, args,
-                                                                   followups)
-                    if written:
-                        self.notify(r.queue for r in followups)
-                    _failures.ok("outcome write")
-                    return written
+                        written = row is not None
+                    else:
+                        async with self._pool.acquire() as conn:
+                            written = await self._write_with_followups(conn, job_id, sql,
+                                                                       args, followups)
+                        if written:
+                            self.notify(r.queue for r in followups)
+                _failures.ok("outcome write")
+                if waited:
+                    _failures.ok(f"outcome write of job {job_id}")
+                return written
             except Exception as exc:
+                if _timed_out(exc):
+                    waited = True
+                    _failures.failed(f"outcome write of job {job_id}", exc)
+                    await asyncio.sleep(RETRY_DELAYS[0])
+                    continue
+                delay = next(delays)
                 if delay is None or not _transient(exc):
                     # The job stays running; heartbeats stop and rescue re-runs it.
                     log.exception("giving up writing outcome of job %d", job_id)
                     return False
                 _failures.failed("outcome write", exc)
                 await asyncio.sleep(delay)
-        return False
 
 
     async def _write_with_followups(self, conn: Conn, job_id: int, sql: str,
                                     args: tuple[object, ...],
-                                    followups: Sequence[PreparedJob]) -> bool:
+                                    followups: Sequence[PreparedJob],
+                                    timeout: float | None = None) -> bool:
         # One round trip opens the transaction with wake-ups deferred to after commit.
         await conn.execute(self._q["tx_begin_deferred_notify"])
         try:
-            row = await conn.fetchrow(sql, *args)
+            row = await conn.fetchrow(sql, *args, timeout=timeout)
             if row is None:
                 await conn.execute("ROLLBACK")
                 return False
@@ -373,6 +491,14 @@ def _transient(exc: BaseException) -> bool:
                or (isinstance(c, asyncpg.PostgresError)
                    and getattr(c, "sqlstate", "").startswith(("08", "57P")))
                for c in causes if c is not None)
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """The statement ran out of time (the driver's timeout, or the server's lock or
+    statement timeout): usually a wait for a row another transaction holds."""
+    return any(isinstance(c, TimeoutError | asyncpg.QueryCanceledError
+                          | asyncpg.LockNotAvailableError)
+               for c in (exc, exc.__cause__) if c is not None)
 
 
 def _in_transaction(conn: Conn) -> bool:

@@ -15,7 +15,7 @@ import functools
 import os
 import socket
 import traceback
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from typing import Any
 
 from awa.core import serialize, states, validate
@@ -37,15 +37,33 @@ from awa.worker.context import AttemptDb, JobContext
 from awa.worker.tasks import Registry
 
 TRACEBACK_FRAMES = 5
+#: What a handler raises that is not its attempt's failure: the runtime
+#: cancelling it (shutdown, a lost lease) or closing its coroutine. Anything
+#: else, `SystemExit` (``sys.exit()``, ``exit()``) and `KeyboardInterrupt`
+#: included, fails the attempt instead of ending the worker process (raised in
+#: the handler's thread or task, it would stop the event loop with the job left
+#: running, one worker process lost per attempt).
+_PASS_THROUGH = (asyncio.CancelledError, GeneratorExit)
 
 
 def describe_error(exc: BaseException) -> str:
-    """Exception type, message and a short traceback, for the job's errors list."""
-    head = f"{type(exc).__name__}: {exc}"
+    """Exception type, message and a short traceback, for the job's errors list.
+
+    Always storable (`validate.storable_text`): a message with NUL characters or
+    lone surrogates (binary data, a non-UTF-8 file name) is escaped, and a long
+    one is cut so the whole stays within `states.ERROR_TEXT_MAX`, traceback kept.
+    """
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the attempt's outcome
+        message = "<message not printable>"
+    head = f"{type(exc).__name__}: {message}"
     frames = traceback.extract_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]
     if not frames:
-        return head
-    return head + "\n" + "".join(traceback.format_list(frames)).rstrip()
+        return validate.storable_text(head)
+    tail = validate.storable_text("\n" + "".join(traceback.format_list(frames)).rstrip(),
+                                  states.ERROR_TEXT_MAX // 2)
+    return validate.storable_text(head, states.ERROR_TEXT_MAX - len(tail)) + tail
 
 
 def _seconds(field: str, value: Any) -> float:
@@ -64,7 +82,7 @@ def outcome_of(result: Any, job: Job) -> Outcome:
     if isinstance(result, Snooze):
         return Outcome("snooze", delay=_seconds("Snooze.seconds", result.seconds))
     if isinstance(result, Cancel):
-        return Outcome("cancel", error=f"cancelled: {result.reason}")
+        return Outcome("cancel", error=validate.storable_text(f"cancelled: {result.reason}"))
     if isinstance(result, WaitForCallback):
         return Outcome("wait", token=result.token.id)
     if isinstance(result, Output):
@@ -91,6 +109,13 @@ class JobExecutor:
         self._registry = registry
         self._threads = threads
         self._db = db
+        #: Plain ``def`` handlers submitted to the thread pool and not finished.
+        self._in_threads: set[Future[Any]] = set()
+
+    def in_threads(self) -> int:
+        """Plain ``def`` handlers still running (or queued) in the thread pool: a
+        thread cannot be stopped, so after shutdown they may still be running."""
+        return sum(1 for f in list(self._in_threads) if not f.done())
 
     def use_control_pool(self, pool: Any) -> None:
         """Contexts write progress and callbacks through ``pool`` from now on."""
@@ -131,9 +156,9 @@ class JobExecutor:
             # The common case, without the no-op run scope's calls (same outcomes).
             try:
                 return outcome_of(await spec.handler(ctx), job)
-            except asyncio.CancelledError:
+            except _PASS_THROUGH:
                 raise
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt too: see _PASS_THROUGH
                 return _outcome_of_error(exc, job)
             finally:
                 ctx._seal()
@@ -147,11 +172,14 @@ class JobExecutor:
                     outcome = outcome_of(await spec.handler(ctx), job)
                 else:
                     call = functools.partial(contextvars.copy_context().run, spec.handler, ctx)
-                    outcome = outcome_of(await asyncio.get_running_loop().run_in_executor(
-                        self._threads, call), job)
-            except asyncio.CancelledError:
+                    # As run_in_executor, keeping the thread's future: `in_threads`.
+                    running = self._threads.submit(call)
+                    self._in_threads.add(running)
+                    running.add_done_callback(self._in_threads.discard)
+                    outcome = outcome_of(await asyncio.wrap_future(running), job)
+            except _PASS_THROUGH:
                 raise
-            except Exception as exc:
+            except BaseException as exc:
                 run.error(exc)
                 outcome = _outcome_of_error(exc, job)
             finally:

@@ -36,6 +36,7 @@ from awa.maintenance.leader import LeaderElection
 from awa.maintenance.services import (
     UNSERVED_CHECK_INTERVAL,
     Cleaner,
+    DependencyReleaser,
     Promoter,
     QueueGauges,
     Rescuer,
@@ -173,6 +174,8 @@ class Runtime:
             self.leader,
             Heartbeat(pool, q, c.heartbeat_interval, self._live_attempts, self._lost),
             Promoter(pool, q, c.promote_interval, is_leader),
+            DependencyReleaser(pool, q, min(c.promote_interval,
+                                            states.DEPENDENCY_RELEASE_INTERVAL)),
             Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
                     failed_retention=c.failed_retention, on_rescued=self._rescued),
             # Every retention a finished job may carry: this worker's, and the
@@ -180,7 +183,8 @@ class Runtime:
             Cleaner(pool, q, c.cleanup_interval, is_leader,
                     retentions=(c.completed_retention, c.failed_retention,
                                 states.COMPLETED_RETENTION, states.FAILED_RETENTION),
-                    batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention),
+                    batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention,
+                    failed_retention=c.failed_retention),
             Vacuumer(pool, q, states.VACUUM_CHECK_INTERVAL, is_leader),
             CronService(pool, q, c.cron_interval, is_leader),
             BatchRunner(pool, q, c.batch_interval, is_leader, instance_id=self.instance_id,
@@ -320,6 +324,12 @@ class Runtime:
         if self._runtime_pool is not None:
             await self._runtime_pool.close()
         self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def handlers_in_threads(self) -> int:
+        """Plain ``def`` handlers still running in the thread pool (after `shutdown`:
+        the ones abandoned at its timeout, whose jobs rescue will retry). Python
+        cannot stop a thread; ``awa worker`` exits without waiting for them."""
+        return self._executor.in_threads()
 
     # -- running jobs -------------------------------------------------------------------
 

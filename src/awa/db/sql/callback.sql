@@ -144,6 +144,12 @@ SET callback_timeout_at = now() + make_interval(secs => $2::float8)
 WHERE callback_id = $1 AND state = 'waiting_external'
 RETURNING *
 
+-- name: callback_rescue_candidates
+-- The ids callback_rescue_expired would rescue (at most $1, not $2), untouched.
+SELECT id FROM awa.jobs
+WHERE state = 'waiting_external' AND callback_timeout_at < now() AND id <> ALL($2::bigint[])
+ORDER BY id LIMIT $1
+
 -- name: callback_rescue_expired
 -- Callbacks past their timeout: retryable with backoff, or failed when attempts
 -- are exhausted, with the error "callback timed out"; a live waiter is told.
@@ -152,9 +158,11 @@ RETURNING *
 -- conflict (and abort the whole batch). Such a job fails instead when failed
 -- is not covered ('fail'), else it stays parked and is checked again after a
 -- backoff ('wait'). Of two parked jobs with one key in a batch, the first wins.
+-- $3: only these jobs (NULL: any), $4: never these (see Rescuer).
 WITH locked AS (
     SELECT id FROM awa.jobs
     WHERE state = 'waiting_external' AND callback_timeout_at < now()
+      AND ($3::bigint[] IS NULL OR id = ANY($3::bigint[])) AND id <> ALL($4::bigint[])
     LIMIT $1 FOR UPDATE SKIP LOCKED
 ), expired AS (
     SELECT j.id,

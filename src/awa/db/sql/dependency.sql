@@ -1,6 +1,8 @@
 -- Statements on job dependencies (after=, chain / group / chord). The release
--- of a finished parent's children happens in the trigger of the statement
--- that finishes it (awa.release_dependents, the job_dependencies migration), not here.
+-- of a finished parent's children starts in the trigger of the statement that
+-- finishes it (awa.release_dependents, migrations 0013 and 0019: at most 1,000
+-- children there); the rest is left in awa.dependency_releases for the
+-- workers' release service (dependency_release_next), one chunk per transaction.
 
 -- name: dependency_lock_parents
 -- The active parents among $1, locked (in id order, as completion batches
@@ -35,9 +37,36 @@ SELECT p, c, pol, o FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::smal
 
 -- name: dependency_release
 -- Apply parents that had already finished when their children were inserted:
--- parent $1[i] finished as $2[i], its retention ending at $3[i].
-SELECT coalesce(sum(awa.release_dependents(p, s::awa.job_state, pa)), 0)::int AS touched
+-- parent $1[i] finished as $2[i], its retention ending at $3[i]; only to the
+-- children $4 (the inserted ones; NULL: every open edge of the parent).
+SELECT coalesce(sum(awa.release_dependents(p, s::awa.job_state, pa, NULL, $4::bigint[])),
+                0)::int AS touched
 FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) AS f(p, s, pa)
+
+-- name: dependency_releases_next
+-- The release service: parents whose children are still to release, oldest
+-- first, but for $1 (this pass gave up on them), at most $2.
+SELECT parent_id FROM awa.dependency_releases
+WHERE parent_id <> ALL($1::bigint[])
+ORDER BY queued_at, parent_id LIMIT $2
+
+-- name: dependency_release_one
+-- One chunk: at most $2 children of parent $1 released, in this statement's
+-- own transaction. No row: the parent is done, or another worker has it
+-- (SKIP LOCKED). release_dependents deletes the parent's row once every
+-- edge of it is resolved.
+WITH next AS MATERIALIZED (
+    SELECT parent_id, parent_state, prune_after, after_child FROM awa.dependency_releases
+    WHERE parent_id = $1 FOR UPDATE SKIP LOCKED
+)
+SELECT parent_id, awa.release_dependents(parent_id, parent_state, prune_after, $2::integer,
+                                         NULL, after_child) AS touched
+FROM next
+
+-- name: dependency_releases_pending
+-- Parents whose children are still to release, and the oldest one's age.
+SELECT count(*) AS parents, extract(epoch FROM now() - min(queued_at)) AS oldest_s
+FROM awa.dependency_releases
 
 -- fragment: staging_edges
 -- The edges of each row inserted from the staging table (ins) to the parents in
@@ -162,3 +191,28 @@ DELETE FROM awa.job_dependencies d
 USING (SELECT parent_id, child_id FROM awa.job_dependencies
        WHERE resolved_at < now() - $1::interval LIMIT $2) old
 WHERE d.parent_id = old.parent_id AND d.child_id = old.child_id
+
+-- name: dependency_release_orphans
+-- Cleanup: children still parked for a parent that exists nowhere, neither
+-- active, finished nor dead-lettered (deleted by hand: every finish resolves
+-- its edges in its own statement). Such a parent counts as cancelled, so its
+-- children's on_parent_failure applies (cancelled ones kept for $1); at most
+-- $2 parents per pass, each releasing at most $3 children here (the release
+-- service goes on with the rest, as after any finish). Parked children are
+-- read from jobs_due_idx, each parent probed by id; the statement's one
+-- snapshot sees a parent that is moving between the tables in exactly one of
+-- them. A parent whose release is already queued is the release service's.
+SELECT coalesce(sum(awa.release_dependents(o.parent_id, 'cancelled',
+                                           now() + $1::interval, $3::integer)), 0)::int
+       AS touched
+FROM (
+    SELECT DISTINCT d.parent_id
+    FROM awa.jobs c
+    JOIN awa.job_dependencies d ON d.child_id = c.id AND d.resolved_at IS NULL
+    WHERE c.state = 'scheduled' AND c.run_at >= '9999-12-30 00:00:00+00'
+      AND NOT EXISTS (SELECT 1 FROM awa.jobs p WHERE p.id = d.parent_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.jobs_done p WHERE p.id = d.parent_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.dlq p WHERE p.id = d.parent_id)
+      AND NOT EXISTS (SELECT 1 FROM awa.dependency_releases r WHERE r.parent_id = d.parent_id)
+    LIMIT $2
+) o

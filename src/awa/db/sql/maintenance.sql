@@ -15,10 +15,12 @@ DELETE FROM awa.leader WHERE holder = $1
 SELECT holder, expires_at FROM awa.leader WHERE expires_at >= now()
 
 -- name: job_promote_due
--- Make due scheduled / retryable jobs available and wake their queues.
+-- Make due scheduled / retryable jobs available and wake their queues. $2:
+-- only these jobs (NULL: any), $3: never these (see Rescuer).
 WITH due AS (
     SELECT id FROM awa.jobs
     WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
+      AND ($2::bigint[] IS NULL OR id = ANY($2::bigint[])) AND id <> ALL($3::bigint[])
     ORDER BY run_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ), promoted AS (
     UPDATE awa.jobs j SET state = 'available' FROM due WHERE j.id = due.id RETURNING j.queue
@@ -29,7 +31,9 @@ SELECT queue, count(*) AS n, pg_notify('awa_jobs', queue) FROM promoted GROUP BY
 -- Attempts whose heartbeat is older than $1 or whose deadline passed: back to
 -- retryable with backoff, or failed when attempts are exhausted (dlq = true
 -- when a DLQ-enabled queue took it). Each rescued id is notified on
--- awa_cancel so a still-live handler learns it lost the job.
+-- awa_cancel so a still-live handler learns it lost the job. $4: only these
+-- jobs (NULL: any), $5: never these (the rescue service's quarantine, jobs
+-- whose rescue failed on its own; see Rescuer).
 WITH stale AS (
     SELECT id, CASE WHEN deadline_at < now()
                     THEN format('hard deadline exceeded: the attempt ran longer than %s '
@@ -40,6 +44,7 @@ WITH stale AS (
     FROM awa.jobs
     WHERE state = 'running'
       AND (heartbeat_at < now() - $1::interval OR deadline_at < now())
+      AND ($4::bigint[] IS NULL OR id = ANY($4::bigint[])) AND id <> ALL($5::bigint[])
     LIMIT $2 FOR UPDATE SKIP LOCKED
 ), failing AS (
     DELETE FROM awa.jobs j USING stale s
@@ -112,3 +117,17 @@ FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass
 -- name: jobs_vacuum
 -- Never truncates the table (vacuum_truncate = false, migration 0006).
 VACUUM (ANALYZE) awa.jobs
+
+-- name: job_rescue_candidates
+-- The ids job_rescue_running would rescue (at most $2, not $3), without
+-- touching them: the rescue service tries each alone when a batch failed.
+SELECT id FROM awa.jobs
+WHERE state = 'running' AND (heartbeat_at < now() - $1::interval OR deadline_at < now())
+  AND id <> ALL($3::bigint[])
+ORDER BY id LIMIT $2
+
+-- name: job_promote_candidates
+-- The ids job_promote_due would promote (at most $1, not $2), untouched.
+SELECT id FROM awa.jobs
+WHERE state IN ('scheduled', 'retryable') AND run_at <= now() AND id <> ALL($2::bigint[])
+ORDER BY run_at LIMIT $1

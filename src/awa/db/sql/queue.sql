@@ -112,9 +112,12 @@ DELETE FROM awa.queues
 SELECT DISTINCT kind FROM awa.jobs WHERE state = 'available' AND queue = $1
 
 -- name: queue_make_due
--- The testing harness's drain(include_scheduled=True): run waiting jobs now.
-UPDATE awa.jobs SET state = 'available', run_at = now()
-WHERE queue = $1 AND state IN ('scheduled', 'retryable')
+-- The testing harness's drain(include_scheduled=True): run waiting jobs now,
+-- but not children still waiting for a parent (its finish releases them).
+UPDATE awa.jobs j SET state = 'available', run_at = now()
+WHERE j.queue = $1 AND j.state IN ('scheduled', 'retryable')
+  AND NOT EXISTS (SELECT 1 FROM awa.job_dependencies d
+                  WHERE d.child_id = j.id AND d.resolved_at IS NULL)
 
 -- name: throughput_add
 -- Outcome counts and pickup latencies a worker process accumulated, added to

@@ -18,7 +18,9 @@ ON CONFLICT (job_id) DO UPDATE
 RETURNING job_id
 
 -- name: result_unregister
--- A waiter gave up: drop the row unless another waiter's deadline is later.
+-- A waiter's deadline $2 passed: drop the row unless another waiter's deadline
+-- is later. (A waiter cancelled before its deadline leaves the row: it keeps
+-- only the latest deadline, which may be another waiter's.)
 DELETE FROM awa.job_waiters
 WHERE job_id = $1 AND expires_at <= coalesce($2::timestamptz, 'infinity')
 
@@ -31,7 +33,10 @@ WHERE NOT EXISTS (SELECT 1 FROM awa.jobs j WHERE j.id = w.id)
 SELECT count(*) FROM awa.job_waiters
 
 -- name: result_waiters_prune
--- The cleanup service: registrations left by waiters that died before their
--- deadline (a waiter that times out removes its own; a finish removes all).
--- Left in place, they would make every finishing statement match its jobs.
-DELETE FROM awa.job_waiters WHERE expires_at < now() - interval '1 minute'
+-- The cleanup service: registrations left by waiters that died or were
+-- cancelled before their deadline (a waiter that times out removes its own; a
+-- finish removes all), once expired, and those of jobs deleted by hand (no
+-- finish to remove them; a registration is made only while its job is active).
+DELETE FROM awa.job_waiters w
+WHERE w.expires_at < now() - interval '1 minute'
+   OR NOT EXISTS (SELECT 1 FROM awa.jobs j WHERE j.id = w.job_id)

@@ -17,7 +17,7 @@ from awa.admin import jobs as admin_jobs
 from awa.admin.workflows import workflow_graph
 from awa.core import validate
 from awa.core.model import Job
-from awa.core.states import TERMINAL, JobState
+from awa.core.states import ERROR_TEXT_MAX, TERMINAL, JobState
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.worker import overrides
@@ -126,13 +126,15 @@ async def jobs_page(conn: Conn, q: Queries, *, state: str | None = None,
     return {"jobs": jobs, "next_cursor": next_cursor, "scan_window": SCAN_WINDOW}
 
 
-def timeline(job: Job) -> list[dict[str, Any]]:
-    """The job's life as events: created, each attempt's error, parked, finished."""
+def timeline(job: Job, *, cut: bool = True) -> list[dict[str, Any]]:
+    """The job's life as events: created, each attempt's error (cut to
+    `ERROR_TEXT_MAX` unless not ``cut``), parked, finished."""
     events: list[dict[str, Any]] = [{"at": _iso(job.created_at_datetime), "event": "created",
                                      "detail": f"queue {job.queue}, priority {job.priority}"}]
     for err in job.errors:
         events.append({"at": err.get("at"), "event": f"attempt {err.get('attempt', '?')} error",
-                       "detail": err.get("error", "")})
+                       "detail": _cut_error(err.get("error", ""))[0] if cut
+                       else err.get("error", "")})
     if job.attempted_at is not None:
         events.append({"at": _iso(job.attempted_at), "event": f"attempt {job.attempt} started",
                        "detail": ""})
@@ -143,6 +145,14 @@ def timeline(job: Job) -> list[dict[str, Any]]:
         events.append({"at": _iso(job.finalized_at_datetime), "event": str(job.state),
                        "detail": ""})
     return sorted(events, key=lambda e: e["at"] or "")
+
+
+def _cut_error(text: Any) -> tuple[Any, int]:
+    """An attempt's error text cut to `ERROR_TEXT_MAX` (errors stored before that
+    cap, or written by hand, can be megabytes), and its full length if cut, else 0."""
+    if not isinstance(text, str) or len(text) <= ERROR_TEXT_MAX:
+        return text, 0
+    return text[:ERROR_TEXT_MAX - 1] + "…", len(text)
 
 
 def _callback_label(job: Job) -> str | None:
@@ -163,17 +173,26 @@ LARGE_FIELDS = ("args", "metadata", "output", "progress")
 
 def job_detail(job: Job, dlq: dict[str, Any] | None, *, full: bool = False) -> dict[str, Any]:
     """Everything the job page shows; values over `DETAIL_VALUE_MAX` cut to a text
-    preview, their full size in ``truncated`` (unless ``full``)."""
+    preview, their full size in ``truncated`` (unless ``full``), and so each
+    error text over `ERROR_TEXT_MAX` (``truncated["errors"]``: the longest)."""
     out = job.to_dict()
     truncated: dict[str, int] = {}
     if not full:
+        errors = []
+        for err in out["errors"] or []:
+            text, size = _cut_error(err.get("error") if isinstance(err, dict) else None)
+            if size:
+                truncated["errors"] = max(truncated.get("errors", 0), size)
+                err = {**err, "error": text}
+            errors.append(err)
+        out["errors"] = errors
         for name in LARGE_FIELDS:
             text = json.dumps(out[name], ensure_ascii=False, separators=(",", ":"))
             size = len(text.encode())
             if size > DETAIL_VALUE_MAX:
                 truncated[name] = size
                 out[name] = text[:DETAIL_VALUE_MAX // 4] + "…"
-    return {"job": out, "timeline": timeline(job), "callback": _callback_label(job),
+    return {"job": out, "timeline": timeline(job, cut=not full), "callback": _callback_label(job),
             "dlq": dlq, "truncated": truncated}
 
 

@@ -14,7 +14,7 @@ function esc(v) {
   return String(v ?? "").replace(/[&<>"']/g, (c) => ({
     "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
-const fmtN = (n) => (n ?? 0).toLocaleString("en-US");
+const fmtN = (n) => esc((n ?? 0).toLocaleString("en-US"));
 const capped = (n) => (n >= state.countCap ? fmtN(n) + "+" : fmtN(n));
 function when(iso) {
   if (!iso) return "—";
@@ -265,6 +265,8 @@ async function jobView(route) {
   <h2>Timeline</h2><ul class="timeline" id="timeline">${r.timeline.map((e) => `<li>
     <div><b>${esc(e.event)}</b> <span class="when">${when(e.at)}</span></div>
     ${e.detail ? `<pre>${esc(e.detail)}</pre>` : ""}</li>`).join("")}</ul>
+  ${cut.errors ? `<p class="muted">Long error text is cut (the longest has ${fmtN(cut.errors)} characters).
+    <a id="show-all-errors" href="#/jobs/${j.id}?full=1">show all</a></p>` : ""}
   <h2>Args</h2><div id="args">${big("args", j.args)}</div>
   <h2>Output</h2>${j.output === null || j.output === undefined ? `<p class="muted">None.</p>` : big("output", j.output)}
   <h2>Metadata</h2>${big("metadata", j.metadata)}`;
@@ -294,7 +296,8 @@ async function cronView() {
     <th>last fire</th><th>next fire</th><th>status</th>${mut("<th></th>")}</tr>
   ${r.cron.map((c) => `<tr data-cron="${esc(c.name)}"><td>${esc(c.name)}</td><td class="mono">${esc(c.cron_expr)} ${esc(c.timezone)}</td>
     <td>${esc(c.kind)}</td><td>${esc(c.queue)}</td><td>${when(c.last_fire_at)}</td><td>${when(c.next_fire_at)}</td>
-    <td>${c.paused ? `<span class="state failed">paused</span>` : `<span class="state completed">active</span>`}</td>
+    <td>${c.error ? `<span class="state failed">cannot fire</span> <span class="cron-error">${esc(c.error)}</span>`
+      : c.paused ? `<span class="state failed">paused</span>` : `<span class="state completed">active</span>`}</td>
     ${mut(`<td class="row">${c.paused ? btn("Resume", "cron-resume", { name: c.name }) : btn("Pause", "cron-pause", { name: c.name })}
       ${btn("Trigger now", "cron-trigger", { name: c.name })}</td>`)}</tr>`).join("")}</table>`;
 }
@@ -310,6 +313,14 @@ async function dlqView(route) {
     ${jobRows(r.jobs, true)}${pager(route, r.next_cursor)}`;
 }
 
+// A worker's queues as it published them (any role that writes runtime_instances
+// could put anything there): every part escaped, a non-object shown as JSON.
+function queueSlots(queues) {
+  if (!queues || typeof queues !== "object") return esc(JSON.stringify(queues ?? null));
+  return Object.entries(queues).map(([n, q]) =>
+    `${esc(n)} ${esc(q && q.in_flight)}/${esc(q && q.max_workers)}`).join("<br>");
+}
+
 async function runtimeView() {
   const r = await api("runtime");
   const l = r.leader;
@@ -318,8 +329,8 @@ async function runtimeView() {
   ${r.workers.length ? `<table id="workers"><tr><th>instance</th><th>host</th><th>pid</th><th>queues</th>
     <th class="num">in flight</th><th class="num">claimed</th><th class="num">completed</th><th>listen</th><th>started</th><th>seen</th></tr>
   ${r.workers.map((w) => `<tr class="${w.stale ? "muted" : ""}"><td class="mono">${esc(w.instance_id)} ${w.is_leader ? `<span class="state running">leader</span>` : ""}
-    ${w.stale ? `<span class="state failed">stale</span>` : ""}</td><td>${esc(w.hostname)}</td><td>${w.pid}</td>
-    <td>${Object.entries(w.queues).map(([n, q]) => `${esc(n)} ${q.in_flight}/${q.max_workers}`).join("<br>")}</td>
+    ${w.stale ? `<span class="state failed">stale</span>` : ""}</td><td>${esc(w.hostname)}</td><td>${esc(w.pid)}</td>
+    <td>${queueSlots(w.queues)}</td>
     <td class="num">${fmtN(w.in_flight)}</td><td class="num">${fmtN(w.claimed)}</td><td class="num">${fmtN(w.completed)}</td>
     <td>${w.listening ? "LISTEN" : "polling"}</td><td>${when(w.started_at)}</td><td>${when(w.last_seen_at)}</td></tr>`).join("")}</table>` :
     `<p class="muted">No worker processes are running.</p>`}`;
