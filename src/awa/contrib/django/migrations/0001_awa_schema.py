@@ -13,7 +13,7 @@ from django.db import migrations
 
 from awa.contrib.django.schema import migrate_for_connection
 
-AWA_SCHEMA_VERSION = 18
+AWA_SCHEMA_VERSION = 19
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]
