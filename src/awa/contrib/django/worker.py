@@ -32,6 +32,7 @@ from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 import awa
+from awa.cli.root import _exit_now as exit_now
 from awa.contrib.django.backend import (
     META_KEY,
     AwaBackend,
@@ -282,8 +283,11 @@ def default_queues(backend: AwaBackend, tasks: Mapping[str, TaskType]) -> list[s
 
 
 async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = None, *,
-                shutdown_timeout_ms: int = 5000, stop: asyncio.Event | None = None) -> None:
-    """Run the backend's tasks until SIGTERM/SIGINT (or ``stop``), then drain and exit."""
+                shutdown_timeout_ms: int = 5000, stop: asyncio.Event | None = None) -> int:
+    """Run the backend's tasks until SIGTERM/SIGINT (or ``stop``), then drain: tasks get
+    ``shutdown_timeout_ms`` to finish. Returns how many sync tasks were still running
+    past it (their threads cannot be stopped; their jobs stay running until rescue).
+    A second SIGTERM/SIGINT ends the process at once, as ``awa worker`` does."""
     tasks = await sync_to_async(discover_tasks, thread_sensitive=False)(backend)
     options = dict(backend.worker_options)
     configured = options.pop("queues", None)  # WORKER["queues"]: full queue configs
@@ -293,21 +297,33 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
         queue_list = list(configured)
     else:
         queue_list = [{"name": n} for n in default_queues(backend, tasks)]
-    client = build_client(backend, tasks, [q["name"] if isinstance(q, Mapping) else q[0]
-                                           for q in queue_list])
+    names = [q["name"] if isinstance(q, Mapping) else q[0] for q in queue_list]
+    client = build_client(backend, tasks, names)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():  # the second SIGTERM / SIGINT: stop waiting for anything
+            log.warning("second signal: exiting now; tasks still running are rescued "
+                        "(retried, or FAILED on their last attempt)")
+            exit_now(128 + signum)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
+    runtime = None
     try:
         await client.start(queue_list, **options)
-        log.info("serving %d Django task(s) on queues %s: %s", len(tasks),
-                 [q["name"] if isinstance(q, Mapping) else q[0] for q in queue_list],
+        runtime = client.runtime
+        log.info("serving %d Django task(s) on queues %s: %s", len(tasks), names,
                  ", ".join(tasks))
         await stop.wait()
         log.info("shutting down")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        await client.shutdown(timeout_ms=shutdown_timeout_ms)
-        await client.close()
+        try:
+            await client.shutdown(timeout_ms=shutdown_timeout_ms)
+            await client.close()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    return runtime.handlers_in_threads() if runtime is not None else 0
