@@ -15,7 +15,6 @@ Django's reference backends").
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import json
@@ -760,4 +759,3 @@ def test_async_aenqueue_from_a_running_loop(project: str) -> None:
 
     result, fetched = async_to_sync(go)()
     assert fetched.id == result.id and fetched.args == [1, 2]
-    _ = asyncio  # the module is used by the tasks under test
