@@ -2,7 +2,8 @@
 
 Add ``"awa.contrib.django"`` to ``INSTALLED_APPS`` and set
 ``TASKS = {"default": {"BACKEND": "awa.contrib.django.AwaBackend"}}``; run
-``manage.py awa_migrate`` once and ``manage.py awa_worker`` to run tasks.
+``manage.py migrate`` (it creates Awa's schema) and ``manage.py awa_worker``
+to run tasks.
 See docs/django.md.
 """
 

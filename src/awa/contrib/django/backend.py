@@ -31,6 +31,7 @@ from django.utils.module_loading import import_string
 from awa.contrib.django.compat import (
     BaseTaskBackend,
     InvalidTask,
+    Task,
     TaskError,
     TaskResult,
     TaskResultDoesNotExist,
@@ -40,18 +41,22 @@ from awa.contrib.django.compat import (
     task_enqueued,
 )
 from awa.core import states, validate
-from awa.core.errors import ValidationError
+from awa.core.errors import AwaError, SchemaNotMigrated, ValidationError
 from awa.core.model import Job
 from awa.core.states import JobState
 from awa.db.queries import queries
 from awa.enqueue.bridge import insert_job_sync, to_paramstyle
 
-__all__ = ["AwaBackend", "AwaJobError", "awa_priority", "django_status"]
+__all__ = ["AwaBackend", "AwaJobError", "NotATask", "awa_priority", "django_status",
+           "import_task"]
 
 #: The key of a Django task's own fields in the job's metadata.
 META_KEY = "django"
 _OPTIONS = frozenset({"DATABASE", "DATABASE_URL", "SCHEMA", "MAX_ATTEMPTS", "TASK_MODULES",
                       "WORKER"})
+#: Attempts per task unless ``OPTIONS["MAX_ATTEMPTS"]`` asks for retries.
+MAX_ATTEMPTS_DEFAULT = 1
+_SCHEMA_STATES = {"42P01", "3F000", "42704", "42883"}  # undefined table/schema/object/function
 _JSON_COLUMNS = ("args", "metadata", "errors", "progress", "output")
 _STATUS = {
     JobState.Scheduled: TaskResultStatus.READY,
@@ -67,6 +72,35 @@ _STATUS = {
 
 class AwaJobError(Exception):
     """An Awa job error with no Python exception behind it (a rescue, a cancel)."""
+
+
+class NotATask(AwaError, LookupError):
+    """A job's kind names something that is not a Django task of the backend: Awa
+    runs `Task` objects only, never other callables (the kind is data, not code)."""
+
+
+def import_task(path: str) -> TaskType:
+    """The `Task` object at dotted ``path``: `ImportError` if nothing is there,
+    `NotATask` if what is there is not a Django task."""
+    found = import_string(path)
+    # type(), not isinstance(): a lazy object's __class__ would evaluate it.
+    if not issubclass(type(found), Task):
+        raise NotATask(f"{path} is not a Django task (Awa runs only objects made by @task, "
+                       "never other callables)")
+    return found
+
+
+def schema_missing(exc: BaseException, schema: str, alias: str) -> SchemaNotMigrated | None:
+    """The `SchemaNotMigrated` (naming Django's commands) behind a database error, if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        state = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        if isinstance(seen, SchemaNotMigrated) or state in _SCHEMA_STATES:
+            return SchemaNotMigrated(
+                f"Awa's schema {schema!r} is missing or out of date in the task database of "
+                f"TASKS[{alias!r}]: run `manage.py migrate` (or `manage.py awa_migrate`)")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def awa_priority(priority: int) -> int:
@@ -152,7 +186,8 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
         self.database: str = options.get("DATABASE", "default")
         self.database_url: str | None = options.get("DATABASE_URL")
         self.schema: str = options.get("SCHEMA", "awa")
-        self.max_attempts: int = options.get("MAX_ATTEMPTS", states.MAX_ATTEMPTS_DEFAULT)
+        # One attempt, as Django's own backends: a raising task is FAILED at once.
+        self.max_attempts: int = options.get("MAX_ATTEMPTS", MAX_ATTEMPTS_DEFAULT)
         self.task_modules: list[str] = list(options.get("TASK_MODULES", []))
         self.worker_options: dict[str, Any] = dict(options.get("WORKER", {}))
         try:
@@ -206,6 +241,8 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
                                   metadata={META_KEY: meta})
         except ValidationError as exc:
             raise InvalidTask(str(exc)) from exc
+        except AwaError as exc:
+            raise (schema_missing(exc, self.schema, self.alias) or exc) from exc
         result = self._result(task, row["id"], TaskResultStatus.READY, payload,
                               enqueued_at=row["created_at"])
         task_enqueued.send(type(self), task_result=result)
@@ -220,10 +257,20 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
             validate.check_id("result_id", job_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        job = self._read_job(job_id)
-        if job is None or not django_meta(job.metadata):
+        try:
+            job = self._read_job(job_id)
+        except Exception as exc:
+            missing = schema_missing(exc, self.schema, self.alias)
+            if missing is None:
+                raise
+            raise missing from exc
+        meta = django_meta(job.metadata) if job is not None else {}
+        if job is None or not meta or meta.get("backend", self.alias) != self.alias:
             raise TaskResultDoesNotExist(result_id)
-        return self.result_from_job(job)
+        try:
+            return self.result_from_job(job)
+        except NotATask as exc:  # the kind names a plain callable: not a task's result
+            raise TaskResultDoesNotExist(result_id) from exc
 
     def result_from_job(self, job: Job) -> Any:
         """A Django `TaskResult` describing an Awa job of a Django task."""
@@ -244,15 +291,7 @@ class AwaBackend(BaseTaskBackend):  # type: ignore[misc]
     def resolve_task(self, path: str, meta: Mapping[str, Any], *,
                      queue: str | None = None) -> TaskType:
         """The task at dotted ``path`` as it was enqueued (priority, queue, run_after)."""
-        found = import_string(path)
-        if not isinstance(found, self.task_class):
-            if not callable(found):
-                raise InvalidTask(f"{path} is neither a task nor a function")
-            found = self.task_class(func=found, backend=self.alias,
-                                    queue_name=queue or "default",
-                                    takes_context=bool(meta.get("takes_context")),
-                                    priority=0, run_after=None)
-        return as_enqueued(found, meta, queue)
+        return as_enqueued(import_task(path), meta, queue)
 
     def _result(self, task: TaskType, job_id: int, status: Any, payload: Mapping[str, Any], *,
                 enqueued_at: datetime | None, started_at: datetime | None = None,
@@ -316,9 +355,11 @@ def as_enqueued(task: TaskType, meta: Mapping[str, Any], queue: str | None) -> T
         changes["queue_name"] = queue
     if isinstance(meta.get("run_after"), str):
         changes["run_after"] = datetime.fromisoformat(meta["run_after"])
+    if isinstance(meta.get("backend"), str) and meta["backend"] != task.backend:
+        changes["backend"] = meta["backend"]  # enqueued with .using(backend=...)
     try:
         return dataclasses.replace(task, **changes) if changes else task
-    except InvalidTask:  # e.g. a queue no longer in QUEUES: report the task as declared
+    except Exception:  # e.g. a queue or backend no longer configured: as declared
         return task
 
 

@@ -1,11 +1,13 @@
-"""The worker side of `AwaBackend`: find the project's tasks, run them as Awa jobs.
+"""The worker side of `AwaBackend`: run the project's tasks as Awa jobs.
 
 Awa dispatches a job by its kind, and a Django task's kind is its dotted path,
-so the worker registers one handler per task it finds: it imports every
-installed app's ``tasks`` module (and ``OPTIONS["TASK_MODULES"]``), then takes
-every `Task` of this backend reachable from a loaded module. A job whose task
-was not found is retried with backoff (Awa's rule for unknown kinds, which a
-rolling deploy relies on) with an ``UnknownJobKind`` error naming it.
+so the worker finds the task the way Django's reference ``db_worker`` does: it
+imports the path when a job arrives (`TaskRegistry`). Only a `Task` object of
+this backend runs; a path naming anything else (a plain function, a class),
+or nothing, fails the attempt with `NotATask` or the `ImportError`, like any
+raising task. At start it also imports every installed app's ``tasks`` module
+(and ``OPTIONS["TASK_MODULES"]``) to log what it serves and to fail early on
+a broken module; no task needs to be found for the worker to start.
 
 Sync task functions run in the worker's thread pool, async ones on its event
 loop; either way Django's ``close_old_connections()`` runs before and after
@@ -30,11 +32,14 @@ from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 import awa
+from awa.cli.root import _exit_now as exit_now
 from awa.contrib.django.backend import (
     META_KEY,
     AwaBackend,
+    NotATask,
     as_enqueued,
     django_meta,
+    import_task,
     progress_meta,
     task_errors,
     worker_ids,
@@ -51,8 +56,9 @@ from awa.contrib.django.compat import (
 from awa.core.errors import TerminalError
 from awa.core.model import Output
 from awa.worker.context import JobContext
+from awa.worker.tasks import Registry, TaskSpec
 
-__all__ = ["build_client", "discover_tasks", "make_handler", "serve"]
+__all__ = ["TaskRegistry", "build_client", "discover_tasks", "make_handler", "serve"]
 
 log = logging.getLogger("awa.contrib.django")
 
@@ -90,7 +96,11 @@ class _Attempt:
     def __init__(self, backend: AwaBackend, task: TaskType, ctx: JobContext,
                  worker_id: str) -> None:
         self.backend, self.ctx = backend, ctx
-        self.task = as_enqueued(task, django_meta(ctx.metadata), ctx.queue)
+        meta = django_meta(ctx.metadata)
+        if meta.get("backend", backend.alias) != backend.alias:
+            raise NotATask(f"job {ctx.id} was enqueued by backend {meta['backend']!r}, not "
+                           f"{backend.alias!r}")
+        self.task = as_enqueued(task, meta, ctx.queue)
         self.args, self.kwargs = _payload(ctx)
         now = timezone.now()
         self.result = backend._result(
@@ -113,9 +123,9 @@ class _Attempt:
         """The job's outcome for a returned value (JSON-normalized, as Django does)."""
         try:
             value = normalize_json(value)
-        except (TypeError, ValueError) as exc:
-            raise TerminalError(f"the return value of {self.task.module_path} is not "
-                                f"JSON-serialisable: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # as Django's backends: a TypeError
+            raise TypeError(f"the return value of {self.task.module_path} is not JSON "
+                            f"serializable: {exc}") from exc
         self._finish(TaskResultStatus.SUCCESSFUL)
         object.__setattr__(self.result, "_return_value", value)
         task_finished.send(AwaBackend, task_result=self.result)
@@ -123,10 +133,7 @@ class _Attempt:
 
     def failed(self, exc: BaseException) -> None:
         """Record the exception's class (for `TaskError`); signal if this was the last try."""
-        path = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        current = progress_meta(self.ctx.progress)
-        classes = {**(current.get("errors") or {}), str(self.ctx.attempt): path}
-        self.ctx.update_metadata({META_KEY: {**current, "errors": classes}})
+        record_exception(self.ctx, exc)
         if isinstance(exc, TerminalError) or self.ctx.attempt >= self.ctx.max_attempts:
             self._finish(TaskResultStatus.FAILED)
             task_finished.send(AwaBackend, task_result=self.result)
@@ -136,19 +143,35 @@ class _Attempt:
         object.__setattr__(self.result, "finished_at", timezone.now())
 
 
+def record_exception(ctx: JobContext, exc: BaseException) -> None:
+    """Keep the class of the exception that failed this attempt (for `TaskError`)."""
+    path = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    current = progress_meta(ctx.progress)
+    classes = {**(current.get("errors") or {}), str(ctx.attempt): path}
+    ctx.update_metadata({META_KEY: {**current, "errors": classes}})
+
+
+def _begin(backend: AwaBackend, task: TaskType, ctx: JobContext, worker_id: str) -> _Attempt:
+    try:
+        return _Attempt(backend, task, ctx, worker_id)
+    except Exception as exc:  # the job is not this backend's task's: say why
+        record_exception(ctx, exc)
+        raise
+
+
 def make_handler(backend: AwaBackend, task: TaskType,
                  worker_id: Callable[[], str]) -> Callable[[JobContext], Any]:
     """The Awa handler running ``task``: ``async def`` for async task functions."""
     if iscoroutinefunction(task.func):
         async def run_async(ctx: JobContext) -> Output:
-            attempt = _Attempt(backend, task, ctx, worker_id())
+            attempt = _begin(backend, task, ctx, worker_id())
             await sync_to_async(close_old_connections)()
             try:
                 attempt.started()
                 args, kwargs = attempt.call_args()
                 value = await attempt.task.func(*args, **kwargs)
                 return attempt.succeeded(value)
-            except Exception as exc:
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
                 attempt.failed(exc)
                 raise
             finally:
@@ -156,13 +179,13 @@ def make_handler(backend: AwaBackend, task: TaskType,
         return run_async
 
     def run_sync(ctx: JobContext) -> Output:
-        attempt = _Attempt(backend, task, ctx, worker_id())
+        attempt = _begin(backend, task, ctx, worker_id())
         close_old_connections()
         try:
             attempt.started()
             args, kwargs = attempt.call_args()
             return attempt.succeeded(attempt.task.func(*args, **kwargs))
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # exit() fails the task too
             attempt.failed(exc)
             raise
         finally:
@@ -170,16 +193,85 @@ def make_handler(backend: AwaBackend, task: TaskType,
     return run_sync
 
 
-def build_client(backend: AwaBackend, tasks: Mapping[str, TaskType]) -> awa.AsyncClient:
-    """An `AsyncClient` on the task database with a handler for each of ``tasks``."""
-    client = awa.AsyncClient(backend.worker_database_url(), schema=backend.schema)
+class TaskRegistry(Registry):
+    """Awa's kind → handler table for a Django backend, filled as jobs arrive: a
+    kind is looked up by importing it as a dotted path (`import_task`), and only a
+    `Task` of this backend gets a handler running it. Anything else gets a handler
+    that fails the attempt with the reason (`ImportError`, `NotATask`), recorded
+    as the attempt's exception class. Lookups run on the worker's event loop."""
 
-    def worker_id() -> str:
-        runtime = client.runtime
+    def __init__(self, backend: AwaBackend, worker_id: Callable[[], str],
+                 queues: Iterable[str]) -> None:
+        super().__init__()
+        self._backend, self._worker_id = backend, worker_id
+        self._queues = list(queues)
+
+    def add_task(self, task: TaskType) -> None:
+        """Know ``task`` before its first job arrives."""
+        self._add(task.module_path, task)
+
+    def get(self, kind: str) -> TaskSpec | None:
+        spec = super().get(kind)
+        if spec is not None:
+            return spec
+        try:
+            task = import_task(kind)
+            if task.backend != self._backend.alias:
+                raise NotATask(f"{kind} is a task of backend {task.backend!r}, not of "
+                               f"{self._backend.alias!r}")
+        except Exception as exc:  # the module itself may raise anything while importing
+            return TaskSpec(kind=kind, queue=self.queue_for(kind), args_type=None,
+                            handler=_failing(exc), is_async=False)
+        return self._add(kind, task)
+
+    def queues(self) -> list[str]:
+        """The queues served: any task may arrive on any of them."""
+        return list(self._queues)
+
+    def __len__(self) -> int:
+        # Never empty: every importable task of the backend can be run.
+        return max(1, super().__len__())
+
+    def _add(self, kind: str, task: TaskType) -> TaskSpec:
+        handler = make_handler(self._backend, task, self._worker_id)
+        spec = TaskSpec(kind=kind, queue=task.queue_name, args_type=None, handler=handler,
+                        is_async=iscoroutinefunction(handler))
+        self.add(spec)
+        return spec
+
+
+def _failing(exc: Exception) -> Callable[[JobContext], Any]:
+    """A handler failing every attempt with ``exc`` (why the kind cannot run)."""
+    def fail(ctx: JobContext) -> None:
+        record_exception(ctx, exc)
+        raise exc
+    return fail
+
+
+class _Client(awa.AsyncClient):
+    """An `AsyncClient` dispatching through a `TaskRegistry`."""
+
+    def __init__(self, backend: AwaBackend, queues: Iterable[str]) -> None:
+        super().__init__(backend.worker_database_url(), schema=backend.schema)
+        self._registry = TaskRegistry(backend, self._worker_id, queues)
+
+    @property
+    def tasks(self) -> TaskRegistry:
+        assert isinstance(self._registry, TaskRegistry)
+        return self._registry
+
+    def _worker_id(self) -> str:
+        runtime = self.runtime
         return runtime.instance_id if runtime is not None else "awa"
 
-    for path, task in tasks.items():
-        client.task(kind=path, queue=task.queue_name)(make_handler(backend, task, worker_id))
+
+def build_client(backend: AwaBackend, tasks: Mapping[str, TaskType],
+                 queues: Iterable[str] = ()) -> awa.AsyncClient:
+    """An `AsyncClient` on the task database running any task of ``backend`` that
+    arrives on ``queues`` (``tasks`` are known up front)."""
+    client = _Client(backend, queues)
+    for task in tasks.values():
+        client.tasks.add_task(task)
     return client
 
 
@@ -191,10 +283,12 @@ def default_queues(backend: AwaBackend, tasks: Mapping[str, TaskType]) -> list[s
 
 
 async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = None, *,
-                shutdown_timeout_ms: int = 5000, stop: asyncio.Event | None = None) -> None:
-    """Run the backend's tasks until SIGTERM/SIGINT (or ``stop``), then drain and exit."""
+                shutdown_timeout_ms: int = 5000, stop: asyncio.Event | None = None) -> int:
+    """Run the backend's tasks until SIGTERM/SIGINT (or ``stop``), then drain: tasks get
+    ``shutdown_timeout_ms`` to finish. Returns how many sync tasks were still running
+    past it (their threads cannot be stopped; their jobs stay running until rescue).
+    A second SIGTERM/SIGINT ends the process at once, as ``awa worker`` does."""
     tasks = await sync_to_async(discover_tasks, thread_sensitive=False)(backend)
-    client = build_client(backend, tasks)
     options = dict(backend.worker_options)
     configured = options.pop("queues", None)  # WORKER["queues"]: full queue configs
     if queues is not None:
@@ -203,19 +297,33 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
         queue_list = list(configured)
     else:
         queue_list = [{"name": n} for n in default_queues(backend, tasks)]
+    names = [q["name"] if isinstance(q, Mapping) else q[0] for q in queue_list]
+    client = build_client(backend, tasks, names)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():  # the second SIGTERM / SIGINT: stop waiting for anything
+            log.warning("second signal: exiting now; tasks still running are rescued "
+                        "(retried, or FAILED on their last attempt)")
+            exit_now(128 + signum)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
+    runtime = None
     try:
         await client.start(queue_list, **options)
-        log.info("serving %d Django task(s) on queues %s: %s", len(tasks),
-                 [q["name"] if isinstance(q, Mapping) else q[0] for q in queue_list],
+        runtime = client.runtime
+        log.info("serving %d Django task(s) on queues %s: %s", len(tasks), names,
                  ", ".join(tasks))
         await stop.wait()
         log.info("shutting down")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        await client.shutdown(timeout_ms=shutdown_timeout_ms)
-        await client.close()
+        try:
+            await client.shutdown(timeout_ms=shutdown_timeout_ms)
+            await client.close()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    return runtime.handlers_in_threads() if runtime is not None else 0

@@ -1,14 +1,15 @@
-"""``manage.py awa_migrate``: create or upgrade Awa's schema in the task database."""
+"""``manage.py awa_migrate``: create or upgrade Awa's schema in the task database
+(``manage.py migrate`` does the same through this app's migrations; this command
+serves projects that migrate Awa apart, and backends with ``DATABASE_URL``)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-import awa
 from awa.contrib.django.management.commands._common import awa_backend
+from awa.contrib.django.schema import run_awa_migrations
 from awa.core.errors import AwaError
 
 
@@ -22,8 +23,7 @@ class Command(BaseCommand):  # type: ignore[misc]
     def handle(self, *args: Any, **options: Any) -> None:
         backend = awa_backend(options["backend"])
         try:
-            applied = asyncio.run(awa.migrate(backend.worker_database_url(),
-                                              schema=backend.schema))
+            applied = run_awa_migrations(backend.worker_database_url(), backend.schema)
         except AwaError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"applied migrations {applied}" if applied

@@ -9,8 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from awa.cli import configure_logging
+from awa.cli.root import _exit_now as exit_now
+from awa.contrib.django.backend import schema_missing
 from awa.contrib.django.management.commands._common import awa_backend
-from awa.contrib.django.worker import serve
+from awa.contrib.django.worker import log, serve
 from awa.core.errors import AwaError
 
 
@@ -44,9 +46,17 @@ class Command(BaseCommand):  # type: ignore[misc]
         queues = [parse_queue(q) for q in options["queue"]] or None
         configure_logging(options["log_level"], options["log_format"])
         try:
-            asyncio.run(serve(backend, queues,
-                              shutdown_timeout_ms=options["shutdown_timeout_ms"]))
+            left = asyncio.run(serve(backend, queues,
+                                     shutdown_timeout_ms=options["shutdown_timeout_ms"]))
         except (AwaError, ValueError, TypeError) as exc:
-            raise CommandError(str(exc)) from exc
+            missing = schema_missing(exc, backend.schema, backend.alias)
+            raise CommandError(str(missing or exc)) from exc
         finally:
             connections.close_all()
+        if left:
+            # Outcomes of tasks that finished in time are written; these did not, and
+            # a thread cannot be stopped: exit instead of waiting for them.
+            log.warning("exiting with %d sync task(s) still running past the shutdown "
+                        "timeout; rescue retries their jobs (or fails them on their last "
+                        "attempt)", left)
+            exit_now(0)
