@@ -30,3 +30,24 @@ def test_spec_transitions_are_allowed_and_others_are_not() -> None:
     assert not states.can_transition(S.Available, S.Completed)  # never without running
     for terminal in states.TERMINAL:
         assert not any(states.can_transition(terminal, t) for t in S)
+
+
+def test_every_callback_timeout_default_reads_the_constant() -> None:
+    """The default callback timeout is written once, in `states.CALLBACK_TIMEOUT`."""
+    import inspect
+
+    from awa.admin.ops import AdminOps
+    from awa.core import callback_contract
+    from awa.enqueue import bridge
+    from awa.testing import HandlerJob
+    from awa.worker import callbacks
+    from awa.worker.context import JobContext
+
+    default = states.CALLBACK_TIMEOUT.total_seconds()
+    functions = [AdminOps.heartbeat_callback, callbacks.heartbeat_callback,
+                 JobContext.register_callback, HandlerJob.register_callback,
+                 bridge.heartbeat_callback_in, bridge.heartbeat_callback_in_sync]
+    for function in functions:
+        parameter = inspect.signature(function).parameters["timeout_seconds"]
+        assert parameter.default == default, function
+    assert callback_contract.DEFAULT_HEARTBEAT_TIMEOUT_SECS == default

@@ -116,7 +116,7 @@ class AdminOps:
             failed_retention=self.retention_cancelled, followups=self._followups)
 
     async def heartbeat_callback(self, callback_id: str,
-                                 timeout_seconds: float = 3600.0) -> Job:
+                                 timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS) -> Job:
         """Push a waiting callback's timeout to ``timeout_seconds`` from now."""
         return await callbacks.heartbeat_callback(await self.pool(), self._q, callback_id,
                                                   timeout_seconds)

@@ -166,7 +166,11 @@ CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
 CLAIM_PLAN_LIFETIME = timedelta(seconds=2)
 #: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
 VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
+#: How long a registered callback waits (and a callback heartbeat extends it)
+#: when no ``timeout_seconds`` is given. The SQL statements take the timeout
+#: as a parameter; this is the one place the default is written.
 CALLBACK_TIMEOUT = timedelta(seconds=3600)
+CALLBACK_TIMEOUT_SECS = CALLBACK_TIMEOUT.total_seconds()
 PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
 BACKOFF_CAP = timedelta(hours=24)
 COMPLETED_RETENTION = timedelta(hours=24)

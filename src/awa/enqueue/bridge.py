@@ -525,7 +525,8 @@ async def resume_external_in(conn: Any, callback_id: str, payload: Any = None, *
     return await _resolve_in(conn, "resume", callback_id, payload, schema)
 
 
-async def heartbeat_callback_in(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+async def heartbeat_callback_in(conn: Any, callback_id: str,
+                                timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS,
                                 *, schema: str = "awa") -> dict[str, Any]:
     """Push a waiting callback's timeout out, in the caller's transaction."""
     return await _resolve_in(conn, "heartbeat", callback_id, timeout_seconds, schema)
@@ -554,7 +555,8 @@ def resume_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
     return _resolve_in_sync(conn, "resume", callback_id, payload, schema)
 
 
-def heartbeat_callback_in_sync(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+def heartbeat_callback_in_sync(conn: Any, callback_id: str,
+                               timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS,
                                *, schema: str = "awa") -> dict[str, Any]:
     """Sync `heartbeat_callback_in`."""
     return _resolve_in_sync(conn, "heartbeat", callback_id, timeout_seconds, schema)

@@ -121,7 +121,7 @@ async def resolve_callback(db: Executor, q: Queries, callback_id: Any, payload: 
 
 
 async def heartbeat_callback(db: Executor, q: Queries, callback_id: Any,
-                             timeout_seconds: float = 3600.0) -> Job:
+                             timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS) -> Job:
     """Push the timeout of a waiting callback to ``timeout_seconds`` from now."""
     seconds = validate.check_timeout(timeout_seconds)
     return await _resolve(db, q, "callback_heartbeat", callback_id, seconds)
