@@ -1,8 +1,9 @@
 """`AsyncClient`: the front door. Enqueue, inspect and administer jobs.
 
 Each operation is written once here (async); the sync `awa.Client` delegates
-to it. Worker methods (`task`, `start`, `shutdown`) live in the runtime and
-are attached in `awa.runtime`.
+to it. The worker methods (`task`, `start`, `shutdown`, `health_check`) are
+defined here too: `start` builds an `awa.worker.runtime.Runtime` from the
+registered tasks and runs it in this process.
 """
 
 from __future__ import annotations

@@ -114,8 +114,7 @@ class OverrideWatcher(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, queues: list[str],
                  apply: Callable[[str, Any | None], None]) -> None:
-        super().__init__(WATCH_INTERVAL, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, WATCH_INTERVAL)
         self._queues = queues
         self._apply = apply
         self._seen: dict[str, tuple[Any, ...] | None] = {}

@@ -32,8 +32,7 @@ class Presence(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta, instance_id: str,
                  snapshot: Callable[[], dict[str, Any]]) -> None:
-        super().__init__(interval, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval)
         self._instance_id = instance_id
         self._snapshot = snapshot
         self._started_at = datetime.now(UTC)

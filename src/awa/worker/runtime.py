@@ -454,10 +454,6 @@ class Runtime:
             if d.forget(job_id):
                 return
 
-    def running_context(self, job_id: int) -> JobContext | None:
-        attempt = self._attempts.get(job_id)
-        return attempt.ctx if attempt is not None else None
-
     # -- LISTEN -------------------------------------------------------------------------
 
     def _on_notify(self, channel: str, payload: str) -> None:
