@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 
+from awa.core.version import __version__
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
 
@@ -38,8 +39,6 @@ class Presence(PeriodicService):
         self._started_at = datetime.now(UTC)
 
     async def run_once(self) -> None:
-        from awa import __version__
-
         s = self._snapshot()
         await self._pool.execute(
             self._q["presence_upsert"], self._instance_id, socket.gethostname(), os.getpid(),
