@@ -172,10 +172,36 @@ VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
 CALLBACK_TIMEOUT = timedelta(seconds=3600)
 CALLBACK_TIMEOUT_SECS = CALLBACK_TIMEOUT.total_seconds()
 PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
-BACKOFF_CAP = timedelta(hours=24)
 COMPLETED_RETENTION = timedelta(hours=24)
 FAILED_RETENTION = timedelta(hours=72)
 DLQ_RETENTION = timedelta(days=30)
+
+# -- retry backoff ----------------------------------------------------------------
+#: The longest a failed job waits before its next attempt.
+BACKOFF_CAP = timedelta(hours=24)
+#: The exponent of the backoff stops growing here (2**30 s is far past the cap).
+BACKOFF_MAX_EXPONENT = 30
+#: A retry waits up to this fraction longer than ``2**attempt`` seconds, at random,
+#: so that jobs which failed together do not all retry at the same moment.
+BACKOFF_JITTER = 0.25
+
+
+def retry_delay(attempt: int, jitter: float) -> timedelta:
+    """How long a job waits after failing attempt ``attempt`` before the next one:
+    ``min(2**min(attempt, 30) * (1 + 0.25 * jitter), 24 h)`` seconds, ``jitter``
+    uniform in [0, 1): about 2 s after the first attempt, 1,024 s after the
+    tenth, the 24 h cap from the seventeenth on.
+
+    The database computes it: every statement that schedules a retry (a failed
+    or rescued attempt, an expired callback) calls the SQL function
+    ``awa.retry_delay(attempt)`` of migration 0001, with ``random()`` as the
+    jitter. This is the same formula, to read and to reason with;
+    tests/test_states.py checks that the two agree. A handler's `RetryAfter`
+    chooses its own delay instead.
+    """
+    seconds = 2.0 ** min(attempt, BACKOFF_MAX_EXPONENT) * (1 + BACKOFF_JITTER * jitter)
+    return timedelta(seconds=min(seconds, BACKOFF_CAP.total_seconds()))
+
 
 # -- awaitable results and producer backpressure ----------------------------------
 #: `wait_for` checks its jobs this often when LISTEN is unavailable (behind a
