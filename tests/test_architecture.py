@@ -200,3 +200,17 @@ def test_the_architecture_doc_draws_every_module() -> None:
             if path.stem != "__init__" and path.stem not in diagram:
                 missing.append(f"awa.{package}.{path.stem}")
     assert missing == []
+
+
+def test_comments_cite_only_what_this_repository_holds() -> None:
+    """A rule is said where it applies, or cites a doc of this repository: the
+    design spec's sections and ADR numbers are not here for a reader to follow."""
+    import re
+
+    cite = re.compile(r"spec §|\bADR-?\d+")
+    found = [f"{path.relative_to(SRC.parent)}:{n}"
+             for root in (SRC / "awa", SRC.parent / "docs", SRC.parent / "tests")
+             for path in sorted(root.rglob("*")) if path.suffix in {".py", ".sql", ".md"}
+             and path.name != "test_architecture.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if cite.search(line)]
+    assert found == []

@@ -1,4 +1,4 @@
-"""Test your handlers without running a fleet (spec §3.7, ADR-046).
+"""Test your handlers without running a fleet (docs/guide/testing.md).
 
 - `AwaTestClient(client)`: ``insert``, ``migrate``, ``clean``, ``work_one``
   (claim one job, run a handler, and apply exactly the runtime's completion

@@ -1,4 +1,4 @@
-"""Signed callback URLs for HTTP ingress (spec §3.8).
+"""Signed callback URLs for HTTP ingress (`awa.web.callback_app`).
 
 The signature of a callback id is keyed BLAKE3 (a 32-byte secret) over the
 id, hex-encoded, sent in the ``X-Awa-Signature`` header.

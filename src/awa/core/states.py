@@ -43,11 +43,11 @@ class JobState(enum.Enum):
         raise ValidationError("state", f"unknown job state {value!r}")
 
 
-#: Bit order of the unique ``states`` bitmask (bit 0 = scheduled), spec §2.1.
+#: Bit order of the unique ``states`` bitmask (bit 0 = scheduled, in `JobState` order).
 STATE_ORDER: tuple[JobState, ...] = tuple(JobState)
 
 _S = JobState
-#: Every state change the runtime and maintenance make (spec §2.1): a state →
+#: Every state change the runtime and maintenance make: a state →
 #: the states it may move to. The SQL statements carry these out; the sets
 #: below are read off this table, so the two cannot drift apart.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -87,7 +87,7 @@ def can_transition(source: JobState, target: JobState, *, admin: bool = False) -
     return target in TRANSITIONS[source] or (
         admin and target in ADMIN_TRANSITIONS.get(source, frozenset()))
 
-# -- limits (spec §2.3) -----------------------------------------------------
+# -- limits (docs/guide/configuration.md lists them) -------------------------
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 1000, 25
 NAME_MAX_LEN = 200  # kind and queue
@@ -132,7 +132,7 @@ ERROR_TEXT_MAX = 16 * 1024
 #: Longest tag (characters); at most TAGS_MAX of them.
 TAG_MAX_LEN = 1024
 
-# -- runtime defaults (spec §2.3) ---------------------------------------------
+# -- runtime defaults ----------------------------------------------------------
 # A crashed worker's attempts are rescued within HEARTBEAT_STALENESS + RESCUE_INTERVAL
 # (40 s; plus one leader election, 5 s, when the leader crashed too) and run again after
 # the retry backoff of their attempt (2-2.5 s for a first attempt). The spec's 30/90/30 s

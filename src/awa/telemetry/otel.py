@@ -1,4 +1,4 @@
-"""Telemetry: OpenTelemetry metrics and traces, free when unused (spec §5.3).
+"""Telemetry: OpenTelemetry metrics and traces, free when unused (docs/telemetry.md).
 
 Awa never imports OpenTelemetry on its own. Metrics and the consumer span
 turn on when `init_telemetry` is called, or when a client or worker starts in

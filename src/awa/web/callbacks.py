@@ -1,4 +1,4 @@
-"""HTTP ingress for external callbacks: a plain ASGI app (spec §3.8).
+"""HTTP ingress for external callbacks: a plain ASGI app (docs/guide/callbacks.md).
 
 ``POST {prefix}/callbacks/{id}/complete|fail|resume|heartbeat|resolve`` with
 a JSON object body: ``{"payload": ...}`` for complete and resume,

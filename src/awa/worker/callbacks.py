@@ -1,4 +1,4 @@
-"""External callbacks, resolved from outside the handler (spec §4.4, ADR-021).
+"""External callbacks, resolved from outside the handler (docs/guide/callbacks.md).
 
 A handler registers a callback (a UUID stored on its running attempt) and
 either returns `WaitForCallback` (the job parks, its slot is freed) or awaits
@@ -85,7 +85,7 @@ async def retry_external(db: Executor, q: Queries, callback_id: Any,
 
 async def resume_external(db: Executor, q: Queries, callback_id: Any,
                           payload: Any = None) -> Job:
-    """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
+    """Hand ``payload`` to the handler waiting on ``callback_id``; it carries on."""
     text = serialize.dumps(payload, "payload")
     return await _resolve(db, q, "callback_resume", callback_id, text)
 

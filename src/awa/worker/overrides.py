@@ -1,5 +1,5 @@
 """Live queue overrides: change a queue's poll interval, claim batch size,
-rate limit or deadline while workers run (spec §3.10).
+rate limit or deadline while workers run, without a restart.
 
 Operators write ``awa.queue_overrides`` (``client.set_queue_override``, ``awa
 queue overrides set``, the web UI); every worker serving the queue reads it

@@ -93,7 +93,7 @@ class QueueHealth:
 
 @dataclass(frozen=True, slots=True)
 class HealthCheck:
-    """What `health_check()` reports (spec §3.2)."""
+    """What `health_check()` reports: the process and each of its queues."""
 
     healthy: bool
     postgres_connected: bool
