@@ -2,8 +2,9 @@
 
 Each `MJob` records where a job lives (``jobs``, ``done``, ``dlq`` or ``gone``),
 its state, attempt, run lease, unique key and callback. `Model` predicts the
-effect of each operation from spec §2.1's transition table, ADR-021 and
-ADR-046, and `Model.check` compares the database with the prediction.
+effect of each operation from the transition table (`awa.core.states.TRANSITIONS`),
+callbacks waited on in the running handler and follow-ups staged with the
+completion, and `Model.check` compares the database with the prediction.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - `LoopThread`: an event loop on its own thread, so hypothesis' synchronous
   drivers (state machines, ``@given``) can await the database.
 - `reset`, `rows`, `check_invariants`: a clean slate per example and the
-  storage invariants of spec §1 checked against the real tables.
+  storage invariants (docs/architecture.md, Tables) checked against the real tables.
 - Adversarial value strategies for the bad-input properties.
 """
 
@@ -138,7 +138,8 @@ async def counts(conn: asyncpg.Connection) -> tuple[int, ...]:
 
 
 async def check_invariants(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    """Assert spec §1's storage invariants; returns the rows it read."""
+    """Assert the storage invariants (each job in one table, in a state that table
+    holds; docs/architecture.md, Tables); returns the rows it read."""
     all_rows = await rows(conn)
     seen: dict[int, str] = {}
     for r in all_rows:

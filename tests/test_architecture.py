@@ -51,27 +51,50 @@ def _graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
-        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package
-                    for _ in range(node.level - 1):
-                        anchor = anchor.rpartition(".")[0]
-                    base = f"{anchor}.{base}" if base else anchor
-                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-            for name in names:
-                if name != "awa" and not name.startswith("awa."):
-                    continue
-                target = resolve(name)
-                # `from awa import x` in a submodule names x, not the package's re-exports
-                if target and target != module and not (target == "awa" and module != "awa"):
-                    graph[module].add(target)
+        graph[module] = _imports(module, path.name == "__init__.py", path.read_text(),
+                                 set(modules), str(path))
     return graph
+
+
+def _imports(module: str, is_package: bool, source: str, modules: set[str],
+             filename: str = "<source>") -> set[str]:
+    """The modules of ``modules`` that ``source`` (the text of ``module``) imports."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    package = module if is_package else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        names: list[str] = []
+        reexport = False  # reads a name that `awa/__init__.py` re-exports
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+            reexport = "awa" in names
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            reexport = base == "awa" and any(f"awa.{alias.name}" not in modules
+                                             for alias in node.names)
+        for name in names:
+            if name != "awa" and not name.startswith("awa."):
+                continue
+            target = resolve(name)
+            # `from awa import sub` in a submodule names the submodule `awa.sub` (the
+            # package itself is already loaded); any other name from `awa` is one of
+            # the surface's re-exports (`__version__` too), an import of the surface
+            if target == "awa" and module != "awa" and not reexport:
+                continue
+            if target and target != module:
+                targets.add(target)
+    return targets
 
 
 def _layer(module: str) -> int:
@@ -151,6 +174,15 @@ def test_the_checks_can_fail() -> None:
     assert _layer("awa") == 6 and _layer("awa.core.states") == 0
 
 
+def test_a_name_from_the_package_is_an_import_of_the_surface() -> None:
+    modules = {"awa", "awa.core", "awa.core.version", "awa.worker", "awa.worker.presence"}
+    imports = lambda source: _imports("awa.worker.presence", False, source, modules)  # noqa: E731
+    assert imports("from awa import __version__") == {"awa"}
+    assert imports("import awa") == {"awa"}
+    assert imports("from awa import core") == {"awa.core"}
+    assert imports("from awa.core.version import __version__") == {"awa.core.version"}
+
+
 def test_every_module_has_a_layer() -> None:
     assert sorted(m for m in _graph() if _layer(m) < 0) == []
 
@@ -168,3 +200,17 @@ def test_the_architecture_doc_draws_every_module() -> None:
             if path.stem != "__init__" and path.stem not in diagram:
                 missing.append(f"awa.{package}.{path.stem}")
     assert missing == []
+
+
+def test_comments_cite_only_what_this_repository_holds() -> None:
+    """A rule is said where it applies, or cites a doc of this repository: the
+    design spec's sections and ADR numbers are not here for a reader to follow."""
+    import re
+
+    cite = re.compile(r"spec §|\bADR-?\d+")
+    found = [f"{path.relative_to(SRC.parent)}:{n}"
+             for root in (SRC / "awa", SRC.parent / "docs", SRC.parent / "tests")
+             for path in sorted(root.rglob("*")) if path.suffix in {".py", ".sql", ".md"}
+             and path.name != "test_architecture.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if cite.search(line)]
+    assert found == []

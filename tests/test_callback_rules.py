@@ -1,4 +1,4 @@
-"""CEL callback rules and resolve_callback (spec §3.10) against real jobs."""
+"""CEL callback rules and resolve_callback against real jobs."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ import pytest
 from tests.helpers import spawn_worker, wait_until
 
 import awa
+from awa.admin import bulk
 from awa.db import migrations
 from awa.db.queries import queries
-from awa.enqueue import bulk
 
 ROOT = Path(__file__).resolve().parent.parent
 

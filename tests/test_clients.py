@@ -80,7 +80,7 @@ def test_sync_client_round_trip(sync_client: awa.Client) -> None:
         sync_client.insert(Order(7), unique_opts={})
 
 
-#: Worker-side methods exist only on the async client (spec §3.3).
+#: Worker-side methods exist only on the async client.
 ASYNC_ONLY = {"task", "worker", "start", "shutdown", "periodic", "pool", "database_url",
               "on_event", "runtime", "schema", "prepare_queue_storage_schema",
               # worker declarations, like task and periodic (the sync client runs no worker)

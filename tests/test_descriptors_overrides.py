@@ -1,4 +1,4 @@
-"""Descriptors (live / stale / drifted) and live queue overrides (spec §3.10)."""
+"""Descriptors (live / stale / drifted) and live queue overrides."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Follow-ups (ADR-046 staged, and registered specs) and lifecycle hooks, on the runtime."""
+"""Follow-ups (staged by the handler, and registered specs) and lifecycle hooks, on the runtime."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Caller-owned completion: the handler's rows and the job's completion commit
-together, guarded by the run lease (spec §3.10)."""
+together, guarded by the run lease."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The job state machine under random operation sequences (spec §1-§4, ADR-046).
+"""The job state machine under random operation sequences (see `tests.prop_state_model`).
 
 A hypothesis `RuleBasedStateMachine` drives a real database through inserts
 (every enqueue path, unique options), claims (harness and runtime statements),

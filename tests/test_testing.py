@@ -1,4 +1,4 @@
-"""The testing harness behaves like the runtime (spec §3.7, ADR-046)."""
+"""The testing harness behaves like the runtime, staged follow-ups included."""
 
 from __future__ import annotations
 

@@ -4,11 +4,15 @@ and procrastinate, natively (no docker), side by side.
 
     python bench/harness/run_harness.py  # everything at --scale 0.7 (~40 min on 2 cores)
     python bench/harness/run_harness.py --cells peak   # one group
-    python bench/harness/run_harness.py --harness /tmp/pqjb --scale 0.5
+    python bench/harness/run_harness.py --harness-dir PATH --scale 0.5
+    AWA_HARNESS_DIR=PATH python bench/harness/run_harness.py
 
 What it does:
-1. Finds the harness (``--harness PATH``), or clones it into bench/.harness/pqjb
-   from the local mirror, else from GitHub (results/ is not checked out).
+1. Uses the harness clone given by ``--harness-dir PATH`` (or
+   ``$AWA_HARNESS_DIR``; an error when that is not a clone), else
+   bench/.harness/pqjb, cloning it there first from ``--harness-url`` (or
+   ``$AWA_HARNESS_URL``: a URL or a local mirror; GitHub by default) without
+   its results/.
 2. Creates the venvs under bench/.venvs/harness-*: runner (the harness's own
    deps, Python >= 3.12), awa (this repo, ``pip install <repo>``), awa-pg
    (``awa-pg`` from PyPI), procrastinate (the harness's pin).
@@ -20,7 +24,8 @@ What it does:
    systems in turn, each in a freshly created database.
 5. Collects summary.json / manifest.json / plots of every cell under
    bench/results/harness/ and writes SUMMARY.md, results.json, results.csv
-   and overview plots.
+   and overview plots. Paths in what it keeps are made machine-independent
+   (repository-relative, ``<harness-clone>``, ``~``): see `scrub_paths`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +47,6 @@ REPO = HERE.parent.parent
 BENCH = REPO / "bench"
 VENVS = BENCH / ".venvs"
 DOT_HARNESS = BENCH / ".harness"
-MIRROR = Path("/work/.mirror/hardbyte+postgresql-job-queue-benchmarking/repo")
 GITHUB = "https://github.com/hardbyte/postgresql-job-queue-benchmarking"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SYSTEMS = ["awa", "awa-pg", "procrastinate"]
@@ -174,19 +179,30 @@ def cells(scale: float) -> list[dict]:
 # ------------------------------------------------------------------- setup
 
 
-def ensure_harness(path: Path | None) -> Path:
+def ensure_harness(path: Path | None, url: str) -> Path:
+    """The harness clone: ``path`` (--harness-dir / $AWA_HARNESS_DIR) when given,
+    else bench/.harness/pqjb, cloned there from ``url`` on first use."""
     if path is not None:
+        if not path.is_dir():
+            raise SystemExit(f"--harness-dir / $AWA_HARNESS_DIR: {path} does not exist "
+                             f"(give a clone of {GITHUB}, or neither to clone it into "
+                             f"{DOT_HARNESS / 'pqjb'})")
         if not (path / "bench_harness").is_dir():
-            raise SystemExit(f"{path} is not a clone of postgresql-job-queue-benchmarking")
+            raise SystemExit(f"--harness-dir / $AWA_HARNESS_DIR: {path} is not a clone of "
+                             f"postgresql-job-queue-benchmarking (no bench_harness/ in it)")
         return path.resolve()
     dest = DOT_HARNESS / "pqjb"
     if (dest / "bench_harness").is_dir():
         return dest
     DOT_HARNESS.mkdir(parents=True, exist_ok=True)
     (DOT_HARNESS / ".gitignore").write_text("*\n")
-    src = str(MIRROR) if MIRROR.is_dir() else GITHUB
-    log(f"cloning the harness from {src} into {dest}")
-    sh(["git", "clone", "-q", "--no-checkout", src, str(dest)])
+    log(f"cloning the harness from {url} into {dest}")
+    try:
+        sh(["git", "clone", "-q", "--no-checkout", url, str(dest)])
+    except subprocess.CalledProcessError:
+        raise SystemExit(f"could not clone the harness from {url}: give a clone with "
+                         "--harness-dir / $AWA_HARNESS_DIR, or another source with "
+                         "--harness-url / $AWA_HARNESS_URL") from None
     names = subprocess.run(
         ["git", "-C", str(dest), "ls-tree", "-r", "--name-only", "HEAD"],
         check=True,
@@ -419,8 +435,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    env_dir = os.environ.get("AWA_HARNESS_DIR")
     ap.add_argument(
-        "--harness", type=Path, default=None, help="clone of postgresql-job-queue-benchmarking"
+        "--harness-dir", "--harness", dest="harness", type=Path,
+        default=Path(env_dir) if env_dir else None,
+        help="clone of postgresql-job-queue-benchmarking (default $AWA_HARNESS_DIR, else "
+        "bench/.harness/pqjb, cloned on first use)",
+    )
+    ap.add_argument(
+        "--harness-url", default=os.environ.get("AWA_HARNESS_URL") or GITHUB,
+        help="where to clone the harness from when there is no clone (default "
+        "$AWA_HARNESS_URL, else GitHub); a local mirror works too",
     )
     ap.add_argument("--awa-source", type=Path, default=REPO, help="what to pip install as our awa")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
@@ -449,7 +474,7 @@ def main() -> int:
     ns = ap.parse_args()
 
     systems = [s for s in ns.systems.split(",") if s]
-    harness = ensure_harness(ns.harness)
+    harness = ensure_harness(ns.harness, ns.harness_url)
     if not ns.skip_setup:
         ensure_venvs(harness, ns.awa_source.resolve(), ns.reinstall)
     wanted = set(ns.cells.split(","))
@@ -499,9 +524,13 @@ def main() -> int:
                 rates=rates,
                 finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
             )
+            run_dir = entry.get("run_dir")
+            shrink_run_dir(run_dir)
+            scrub_files([logs / f"{cell['name']}.log", *text_files(run_dir)], harness)
+            if run_dir:
+                entry["run_dir"] = scrub_paths(run_dir, harness)
             index = [e for e in index if e["cell"] != cell["name"]] + [entry]
             index_path.write_text(json.dumps(index, indent=2))
-            shrink_run_dir(entry.get("run_dir"))
     finally:
         cluster.stop()
     log(f"all cells done in {(time.time() - started) / 60:.1f} min")
@@ -514,6 +543,38 @@ def main() -> int:
         ]
     )
     return 0
+
+
+def scrub_paths(text: str, harness: Path) -> str:
+    """``text`` with this machine's paths made portable: the harness clone
+    becomes ``<harness-clone>``, the repository's own paths repository-relative,
+    the home directory ``~``. What is committed under bench/results must not
+    name a machine's directories (tests/test_bench_results.py checks)."""
+    for path, portable in ((harness.resolve(), "<harness-clone>"), (REPO.resolve(), ""),
+                           (Path.home(), "~")):
+        prefix = str(path)
+        if prefix in ("", "/"):
+            continue
+        text = text.replace(prefix + "/", f"{portable}/" if portable else "")
+        text = re.sub(re.escape(prefix) + r"(?![\w.-])", portable or ".", text)
+    return text
+
+
+def text_files(run_dir: str | None) -> list[Path]:
+    """The text files of a run directory (what `scrub_files` rewrites)."""
+    if not run_dir:
+        return []
+    return [p for p in Path(run_dir).rglob("*")
+            if p.is_file() and p.suffix in {".json", ".md", ".log", ".txt", ".csv"}]
+
+
+def scrub_files(paths: list[Path], harness: Path) -> None:
+    for path in paths:
+        if path.is_file():  # bytes in, bytes out: only the paths change
+            text = path.read_bytes().decode(errors="surrogateescape")
+            scrubbed = scrub_paths(text, harness)
+            if scrubbed != text:
+                path.write_bytes(scrubbed.encode(errors="surrogateescape"))
 
 
 def shrink_run_dir(run_dir: str | None) -> None:

@@ -14,6 +14,8 @@ import gzip
 import json
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent.parent
+
 SYSTEMS = ["awa", "awa-pg", "procrastinate"]
 COLORS = {"awa": "#1f77b4", "awa-pg": "#2ca02c", "procrastinate": "#d62728"}
 CHAOS = [
@@ -78,7 +80,8 @@ def main() -> int:
     index = json.loads((out / "run_index.json").read_text())
     cells: dict[str, dict] = {}
     for entry in index:
-        run_dir = Path(entry["run_dir"]) if entry.get("run_dir") else None
+        # run_harness.py records run_dir relative to the repository
+        run_dir = REPO / entry["run_dir"] if entry.get("run_dir") else None
         summary = failures = {}
         rows: list[dict] = []
         if run_dir and run_dir.is_dir():

@@ -52,6 +52,7 @@ from awa.core.model import (
 from awa.core.results import InsertedJob
 from awa.core.serialize import derive_kind, max_payload_bytes, set_max_payload_bytes
 from awa.core.states import JobState
+from awa.core.version import __version__ as __version__
 from awa.db.migrations import (
     current_migration_version,
     migrations,
@@ -69,8 +70,6 @@ from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
 from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
 from awa.worker.runtime import HealthCheck, QueueHealth
-
-__version__ = "0.1.0"
 
 _moved.install()
 

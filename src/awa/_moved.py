@@ -25,7 +25,7 @@ MOVED: dict[str, str] = {
     "awa.callback_rules": "awa.core.callback_rules",
     "awa.embedded": "awa.db.embedded", "awa.listener": "awa.db.listener",
     "awa.joblog": "awa.telemetry.joblog",
-    "awa.producer": "awa.enqueue.producer", "awa.bulk": "awa.enqueue.bulk",
+    "awa.producer": "awa.enqueue.producer", "awa.bulk": "awa.admin.bulk",
     "awa.transaction": "awa.enqueue.transaction", "awa.partitioned": "awa.enqueue.partitioned",
     "awa.cron": "awa.maintenance.cron",
     "awa.runtime": "awa.worker.runtime", "awa.dispatcher": "awa.worker.dispatcher",

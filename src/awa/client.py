@@ -1,8 +1,9 @@
 """`AsyncClient`: the front door. Enqueue, inspect and administer jobs.
 
 Each operation is written once here (async); the sync `awa.Client` delegates
-to it. Worker methods (`task`, `start`, `shutdown`) live in the runtime and
-are attached in `awa.runtime`.
+to it. The worker methods (`task`, `start`, `shutdown`, `health_check`) are
+defined here too: `start` builds an `awa.worker.runtime.Runtime` from the
+registered tasks and runs it in this process.
 """
 
 from __future__ import annotations
@@ -360,7 +361,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         self._registry = other._registry
         self._followups = other._followups
 
-    # -- follow-ups and hooks (spec §4.6) ----------------------------------------------
+    # -- follow-ups and hooks (docs/guide/follow-ups.md) -------------------------------
 
     def on_completed_enqueue(self, trigger_type: Any, fn: FollowUpFn) -> None:
         """Insert ``fn(args, job[, context])``'s follow-up atomically with completion."""
@@ -436,7 +437,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         return self.task(args_type, kind=kind, queue=queue)
 
     async def start(self, queues: Iterable[Any] | None = None, **options: Any) -> None:
-        """Start claiming and running jobs in this process (spec §3.2 options)."""
+        """Start claiming and running jobs in this process (options: `RuntimeConfig`)."""
         if self._runtime is not None:
             raise RuntimeError("this client's worker is already running")
         config = RuntimeConfig.from_start_kwargs(queues, self._registry.queues(), **options)

@@ -1,4 +1,4 @@
-"""Test your handlers without running a fleet (spec §3.7, ADR-046).
+"""Test your handlers without running a fleet (docs/guide/testing.md).
 
 - `AwaTestClient(client)`: ``insert``, ``migrate``, ``clean``, ``work_one``
   (claim one job, run a handler, and apply exactly the runtime's completion
@@ -250,7 +250,7 @@ class HandlerJob:
     def flush_progress_sync(self) -> None:
         return None
 
-    async def register_callback(self, timeout_seconds: float = 3600, *,
+    async def register_callback(self, timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS, *,
                                 filter: str | None = None, on_complete: str | None = None,
                                 on_fail: str | None = None,
                                 transform: str | None = None) -> CallbackToken:

@@ -14,9 +14,9 @@ Kinds and their expected terminal states:
 - ``nap``    snoozes on its first claim, then completes;
 - ``park``   registers a callback and returns WaitForCallback; the harness calls
   ``complete_external``;
-- ``await_cb`` registers a callback and waits for it in the handler (ADR-021); the
+- ``await_cb`` registers a callback and waits for it in the handler, still running; the
   harness calls ``resume_external``, then the handler completes;
-- ``stage``  stages one ``child`` follow-up (ADR-046) and completes;
+- ``stage``  stages one ``child`` follow-up (inserted with its completion) and completes;
 - ``doom``   raises TerminalError: failed;
 - ``stuck``  on its first claim holds every connection of the client pool for
   ``hold_s`` seconds (a pool exhausted by a stuck handler), then completes;

@@ -1,4 +1,4 @@
-"""Dead letter queue (spec §4.5): where terminal failures of opted-in queues go.
+"""Dead letter queue (docs/guide/dlq.md): where terminal failures of opted-in queues go.
 
 The failure statements themselves route a job here (atomically with the
 failure) when its queue is DLQ-enabled; this module is the admin side: list,

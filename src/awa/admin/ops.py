@@ -104,19 +104,19 @@ class AdminOps:
                                               followups=self._followups)
 
     async def resume_external(self, callback_id: str, payload: Any = None) -> Job:
-        """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
+        """Hand ``payload`` to the handler waiting on ``callback_id``; it carries on."""
         return await callbacks.resume_external(await self.pool(), self._q, callback_id,
                                                payload)
 
     async def resolve_callback(self, callback_id: str, payload: Any = None,
                                default_action: str = "ignore") -> ResolveResult:
-        """Complete, fail or ignore by the callback's CEL rules (spec §3.10)."""
+        """Complete, fail or ignore by the callback's CEL rules (`awa.core.callback_rules`)."""
         return await callbacks.resolve_callback(
             await self.pool(), self._q, callback_id, payload, default_action,
             failed_retention=self.retention_cancelled, followups=self._followups)
 
     async def heartbeat_callback(self, callback_id: str,
-                                 timeout_seconds: float = 3600.0) -> Job:
+                                 timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS) -> Job:
         """Push a waiting callback's timeout to ``timeout_seconds`` from now."""
         return await callbacks.heartbeat_callback(await self.pool(), self._q, callback_id,
                                                   timeout_seconds)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 import awa
+from awa.admin import bulk
 from awa.cli.output import (
     JOB_COLUMNS,
     TOO_DEEP,
@@ -25,7 +26,6 @@ from awa.cli.output import (
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 from awa.cli.root import main
 from awa.core.serialize import nested_too_deeply
-from awa.enqueue import bulk
 
 
 @main.group()

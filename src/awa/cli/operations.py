@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 import awa
+from awa.admin import bulk
 from awa.admin import jobs as admin
 from awa.cli.output import (
     JOB_COLUMNS,
@@ -31,7 +32,6 @@ from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.cli.root import main
 from awa.core import states
 from awa.core.errors import SchemaNotMigrated
-from awa.enqueue import bulk
 from awa.worker.health import parse_addr
 
 

@@ -21,10 +21,10 @@ from rich import progress as rp
 from rich.console import Console
 
 import awa
+from awa.admin import bulk
 from awa.cli.output import confirm, emit, fail, run_with_client
 from awa.core.errors import AwaError
 from awa.db.queries import queries
-from awa.enqueue import bulk
 
 chunk_option = click.option("--chunk-size", type=click.IntRange(1, bulk.MAX_CHUNK),
                             default=1000, show_default=True,

@@ -1,4 +1,4 @@
-"""Signed callback URLs for HTTP ingress (spec §3.8).
+"""Signed callback URLs for HTTP ingress (`awa.web.callback_app`).
 
 The signature of a callback id is keyed BLAKE3 (a 32-byte secret) over the
 id, hex-encoded, sent in the ``X-Awa-Signature`` header.
@@ -15,6 +15,7 @@ from urllib.parse import quote
 import blake3
 
 from awa.core.errors import ValidationError
+from awa.core.states import CALLBACK_TIMEOUT_SECS
 
 __all__ = [
     "ACTIONS", "DEFAULT_HEARTBEAT_TIMEOUT_SECS", "DEFAULT_PATH_PREFIX", "EXPIRES_HEADER",
@@ -26,7 +27,7 @@ SIGNATURE_HEADER = "X-Awa-Signature"
 #: Where `awa.web.callback_app` serves callbacks with its default ``prefix="/api"``.
 DEFAULT_PATH_PREFIX = "/api/callbacks"
 #: The timeout a ``heartbeat`` without ``timeout_seconds`` extends a callback by.
-DEFAULT_HEARTBEAT_TIMEOUT_SECS = 3600.0
+DEFAULT_HEARTBEAT_TIMEOUT_SECS = CALLBACK_TIMEOUT_SECS
 ACTIONS = ("complete", "fail", "resume", "heartbeat")
 
 

@@ -1,4 +1,4 @@
-"""CEL rules of a callback and how `resolve_callback` applies them (spec §3.10).
+"""CEL rules of a callback and how `resolve_callback` applies them.
 
 A handler may register a callback with Common Expression Language
 expressions over ``payload``: ``filter`` (must be true for the payload to

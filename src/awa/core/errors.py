@@ -124,4 +124,4 @@ class TerminalError(AwaError):
 
 
 class StagingError(TerminalError):
-    """A follow-up could not be staged (ADR-046); poisons the attempt."""
+    """A follow-up could not be staged; the attempt fails terminally."""

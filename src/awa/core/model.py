@@ -153,7 +153,7 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class QueueStat:
-    """Counts and lag of one queue (spec §3.2 ``queue_stats``)."""
+    """Counts and lag of one queue, as ``queue_stats`` reports them."""
 
     queue: str
     total_queued: int
@@ -192,7 +192,7 @@ class RetryFailedResult:
     pruned_failed_count: int | None = None
 
 
-# -- handler outcomes (spec §3.5) ----------------------------------------------
+# -- handler outcomes: what a handler may return ------------------------------
 
 
 @dataclass(frozen=True, slots=True)

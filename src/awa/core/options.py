@@ -8,7 +8,10 @@ from typing import Any, TypedDict
 
 
 class InsertOptions(TypedDict, total=False):
-    """Keyword options of an insert; see spec §3.2. Unknown keys raise TypeError."""
+    """Keyword options of an insert (docs/guide/concepts.md, "Insert options").
+
+    Unknown keys raise TypeError.
+    """
 
     kind: str | None
     queue: str

@@ -43,11 +43,11 @@ class JobState(enum.Enum):
         raise ValidationError("state", f"unknown job state {value!r}")
 
 
-#: Bit order of the unique ``states`` bitmask (bit 0 = scheduled), spec §2.1.
+#: Bit order of the unique ``states`` bitmask (bit 0 = scheduled, in `JobState` order).
 STATE_ORDER: tuple[JobState, ...] = tuple(JobState)
 
 _S = JobState
-#: Every state change the runtime and maintenance make (spec §2.1): a state →
+#: Every state change the runtime and maintenance make: a state →
 #: the states it may move to. The SQL statements carry these out; the sets
 #: below are read off this table, so the two cannot drift apart.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -87,7 +87,7 @@ def can_transition(source: JobState, target: JobState, *, admin: bool = False) -
     return target in TRANSITIONS[source] or (
         admin and target in ADMIN_TRANSITIONS.get(source, frozenset()))
 
-# -- limits (spec §2.3) -----------------------------------------------------
+# -- limits (docs/guide/configuration.md lists them) -------------------------
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 1000, 25
 NAME_MAX_LEN = 200  # kind and queue
@@ -132,7 +132,7 @@ ERROR_TEXT_MAX = 16 * 1024
 #: Longest tag (characters); at most TAGS_MAX of them.
 TAG_MAX_LEN = 1024
 
-# -- runtime defaults (spec §2.3) ---------------------------------------------
+# -- runtime defaults ----------------------------------------------------------
 # A crashed worker's attempts are rescued within HEARTBEAT_STALENESS + RESCUE_INTERVAL
 # (40 s; plus one leader election, 5 s, when the leader crashed too) and run again after
 # the retry backoff of their attempt (2-2.5 s for a first attempt). The spec's 30/90/30 s
@@ -166,12 +166,42 @@ CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
 CLAIM_PLAN_LIFETIME = timedelta(seconds=2)
 #: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
 VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
+#: How long a registered callback waits (and a callback heartbeat extends it)
+#: when no ``timeout_seconds`` is given. The SQL statements take the timeout
+#: as a parameter; this is the one place the default is written.
 CALLBACK_TIMEOUT = timedelta(seconds=3600)
+CALLBACK_TIMEOUT_SECS = CALLBACK_TIMEOUT.total_seconds()
 PRIORITY_AGING_INTERVAL = timedelta(seconds=60)
-BACKOFF_CAP = timedelta(hours=24)
 COMPLETED_RETENTION = timedelta(hours=24)
 FAILED_RETENTION = timedelta(hours=72)
 DLQ_RETENTION = timedelta(days=30)
+
+# -- retry backoff ----------------------------------------------------------------
+#: The longest a failed job waits before its next attempt.
+BACKOFF_CAP = timedelta(hours=24)
+#: The exponent of the backoff stops growing here (2**30 s is far past the cap).
+BACKOFF_MAX_EXPONENT = 30
+#: A retry waits up to this fraction longer than ``2**attempt`` seconds, at random,
+#: so that jobs which failed together do not all retry at the same moment.
+BACKOFF_JITTER = 0.25
+
+
+def retry_delay(attempt: int, jitter: float) -> timedelta:
+    """How long a job waits after failing attempt ``attempt`` before the next one:
+    ``min(2**min(attempt, 30) * (1 + 0.25 * jitter), 24 h)`` seconds, ``jitter``
+    uniform in [0, 1): about 2 s after the first attempt, 1,024 s after the
+    tenth, the 24 h cap from the seventeenth on.
+
+    The database computes it: every statement that schedules a retry (a failed
+    or rescued attempt, an expired callback) calls the SQL function
+    ``awa.retry_delay(attempt)`` of migration 0001, with ``random()`` as the
+    jitter. This is the same formula, to read and to reason with;
+    tests/test_states.py checks that the two agree. A handler's `RetryAfter`
+    chooses its own delay instead.
+    """
+    seconds = 2.0 ** min(attempt, BACKOFF_MAX_EXPONENT) * (1 + BACKOFF_JITTER * jitter)
+    return timedelta(seconds=min(seconds, BACKOFF_CAP.total_seconds()))
+
 
 # -- awaitable results and producer backpressure ----------------------------------
 #: `wait_for` checks its jobs this often when LISTEN is unavailable (behind a

@@ -463,7 +463,7 @@ def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
     return _inserted(job, _run_sync(conn, plan, schema=schema, **guard))
 
 
-# -- callback resolution in the caller's transaction (spec §3.6) ------------------
+# -- callback resolution in the caller's transaction ------------------------------
 
 
 def _callback_call(action: str, callback_id: Any, arg: Any) -> tuple[str, tuple[Any, ...]]:
@@ -521,11 +521,12 @@ async def retry_external_in(conn: Any, callback_id: str, *,
 
 async def resume_external_in(conn: Any, callback_id: str, payload: Any = None, *,
                              schema: str = "awa") -> dict[str, Any]:
-    """Resume a waiting handler in the caller's transaction (ADR-021)."""
+    """Resume a waiting handler in the caller's transaction; it carries on from its wait."""
     return await _resolve_in(conn, "resume", callback_id, payload, schema)
 
 
-async def heartbeat_callback_in(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+async def heartbeat_callback_in(conn: Any, callback_id: str,
+                                timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS,
                                 *, schema: str = "awa") -> dict[str, Any]:
     """Push a waiting callback's timeout out, in the caller's transaction."""
     return await _resolve_in(conn, "heartbeat", callback_id, timeout_seconds, schema)
@@ -554,7 +555,8 @@ def resume_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
     return _resolve_in_sync(conn, "resume", callback_id, payload, schema)
 
 
-def heartbeat_callback_in_sync(conn: Any, callback_id: str, timeout_seconds: float = 3600.0,
+def heartbeat_callback_in_sync(conn: Any, callback_id: str,
+                               timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS,
                                *, schema: str = "awa") -> dict[str, Any]:
     """Sync `heartbeat_callback_in`."""
     return _resolve_in_sync(conn, "heartbeat", callback_id, timeout_seconds, schema)

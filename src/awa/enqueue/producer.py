@@ -84,10 +84,6 @@ class PreparedJob:
                         ordering_key=self.ordering_key, concurrency_key=self.concurrency_key,
                         concurrency_limit=self.concurrency_limit)
 
-    def initial_state(self, now: datetime) -> JobState:
-        """Where the job starts: available unless ``run_at`` is in the future."""
-        return JobState.Scheduled if self.run_at and self.run_at > now else JobState.Available
-
 
 J = TypeVar("J", bound=Job)
 

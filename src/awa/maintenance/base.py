@@ -14,19 +14,31 @@ from typing import Any
 import asyncpg
 
 from awa.core.waiting import wait_event
+from awa.db.queries import Queries
 from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.maintenance")
 _failures = FailureLog(log)
 
 
+def _always() -> bool:
+    return True
+
+
 class PeriodicService(ABC):
-    """Runs `run_once` every ``interval`` (with jitter), optionally only when leading."""
+    """Runs `run_once` every ``interval`` (with jitter), optionally only when leading.
+
+    The base holds what every service works with: the pool (``self._pool``,
+    replaced by `use_pool`) and the named statements (``self._q``).
+    """
 
     name = "service"
     leader_only = True
 
-    def __init__(self, interval: timedelta, is_leader: Callable[[], bool]) -> None:
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 is_leader: Callable[[], bool] = _always) -> None:
+        self._pool: Any = pool  # an asyncpg.Pool, or the runtime's own (`use_pool`)
+        self._q = q
         self.interval = interval.total_seconds()
         self._is_leader = is_leader
         self.last_run_at: float | None = None

@@ -61,8 +61,7 @@ class BatchRunner(PeriodicService):
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, instance_id: str,
                  chunk_size: int = DEFAULT_CHUNK) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
         self._instance = instance_id
         self.chunk_size = chunk_size
         self._stopping: asyncio.Event | None = None

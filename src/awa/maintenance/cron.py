@@ -168,8 +168,7 @@ class CronService(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool]) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
         self.fired = 0
         #: Schedules that cannot fire as stored: name -> the reason, logged once.
         self.broken: dict[str, str] = {}

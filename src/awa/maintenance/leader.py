@@ -23,9 +23,7 @@ class LeaderElection(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, instance_id: str,
                  election_interval: timedelta) -> None:
-        super().__init__(election_interval / 3, lambda: True)
-        self._pool = pool
-        self._q = q
+        super().__init__(pool, q, election_interval / 3)
         self.instance_id = instance_id
         self._ttl = election_interval
         self.is_leader = False

@@ -1,4 +1,10 @@
-"""The leader's services (promotion, rescue, cleanup, vacuum) and every process's heartbeat."""
+"""The maintenance services a worker runtime starts beside its dispatchers.
+
+On the leader: promotion, rescue, cleanup, vacuum and the queue gauges; in
+every worker process: the release of left-over dependents and the warning
+about unserved queues. (The heartbeat is `awa.worker.heartbeat`, leader
+election `awa.maintenance.leader`, cron `awa.maintenance.cron`.)
+"""
 
 from __future__ import annotations
 
@@ -37,8 +43,7 @@ class Promoter(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool]) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
         self.promoted = 0
 
         self.quarantine = Quarantine("promotion")
@@ -68,8 +73,7 @@ class Rescuer(PeriodicService):
                  is_leader: Callable[[], bool], *, staleness: timedelta,
                  failed_retention: timedelta,
                  on_rescued: Callable[[list[Any]], Awaitable[None]] | None = None) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
         self._on_rescued = on_rescued
         self._staleness = staleness
         self._failed_retention = failed_retention
@@ -133,8 +137,7 @@ class DependencyReleaser(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  chunk_size: int = DEPENDENCY_RELEASE_CHUNK) -> None:
-        super().__init__(interval, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval)
         self.chunk_size = chunk_size
         self.released = 0  #: children made available, cancelled or discarded
         self.chunks = 0
@@ -176,8 +179,7 @@ class Cleaner(PeriodicService):
                  is_leader: Callable[[], bool], *, retentions: Iterable[timedelta],
                  batch_size: int, dlq_retention: timedelta,
                  failed_retention: timedelta = FAILED_RETENTION) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
         self._dlq_retention = dlq_retention
         self._failed_retention = failed_retention
         self.orphans_released = 0  #: children of parents deleted by hand, released
@@ -262,8 +264,7 @@ class Vacuumer(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool]) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
         self.vacuums = 0
 
     async def run_once(self) -> None:
@@ -287,8 +288,7 @@ class UnservedQueueWarner(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  kinds: Callable[[], list[str]]) -> None:
-        super().__init__(interval, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval)
         self._kinds = kinds
         self.warned: set[tuple[str, str]] = set()
 
@@ -317,8 +317,7 @@ class QueueGauges(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, is_leader: Callable[[], bool],
                  interval: timedelta = telemetry.QUEUE_GAUGE_INTERVAL) -> None:
-        super().__init__(interval, is_leader)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval, is_leader)
 
     async def run_once(self) -> None:
         if telemetry.metrics_on():

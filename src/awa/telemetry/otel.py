@@ -1,4 +1,4 @@
-"""Telemetry: OpenTelemetry metrics and traces, free when unused (spec §5.3).
+"""Telemetry: OpenTelemetry metrics and traces, free when unused (docs/telemetry.md).
 
 Awa never imports OpenTelemetry on its own. Metrics and the consumer span
 turn on when `init_telemetry` is called, or when a client or worker starts in
@@ -415,7 +415,7 @@ def _configured_globals() -> tuple[MeterProvider | None, TracerProvider | None]:
 
 def _use(meter_provider: MeterProvider | None, tracer_provider: TracerProvider | None) -> None:
     global _metrics, _tracer
-    from awa import __version__
+    from awa.core.version import __version__
 
     if meter_provider is not None and _metrics is None:
         _metrics = _Metrics(meter_provider.get_meter(INSTRUMENTATION_NAME, __version__))

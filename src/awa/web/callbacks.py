@@ -1,4 +1,4 @@
-"""HTTP ingress for external callbacks: a plain ASGI app (spec §3.8).
+"""HTTP ingress for external callbacks: a plain ASGI app (docs/guide/callbacks.md).
 
 ``POST {prefix}/callbacks/{id}/complete|fail|resume|heartbeat|resolve`` with
 a JSON object body: ``{"payload": ...}`` for complete and resume,
@@ -117,4 +117,5 @@ async def _dispatch(client: AsyncClient, action: str, callback_id: str,
         if not isinstance(error, str):
             raise ValidationError("error", "a string is required")
         return await client.fail_external(callback_id, error)
-    return await client.heartbeat_callback(callback_id, body.get("timeout_seconds", 3600.0))
+    timeout = body.get("timeout_seconds", callback_contract.DEFAULT_HEARTBEAT_TIMEOUT_SECS)
+    return await client.heartbeat_callback(callback_id, timeout)

@@ -1,4 +1,4 @@
-"""External callbacks, resolved from outside the handler (spec §4.4, ADR-021).
+"""External callbacks, resolved from outside the handler (docs/guide/callbacks.md).
 
 A handler registers a callback (a UUID stored on its running attempt) and
 either returns `WaitForCallback` (the job parks, its slot is freed) or awaits
@@ -85,7 +85,7 @@ async def retry_external(db: Executor, q: Queries, callback_id: Any,
 
 async def resume_external(db: Executor, q: Queries, callback_id: Any,
                           payload: Any = None) -> Job:
-    """Resume the handler waiting on ``callback_id`` with ``payload`` (ADR-021)."""
+    """Hand ``payload`` to the handler waiting on ``callback_id``; it carries on."""
     text = serialize.dumps(payload, "payload")
     return await _resolve(db, q, "callback_resume", callback_id, text)
 
@@ -121,7 +121,7 @@ async def resolve_callback(db: Executor, q: Queries, callback_id: Any, payload: 
 
 
 async def heartbeat_callback(db: Executor, q: Queries, callback_id: Any,
-                             timeout_seconds: float = 3600.0) -> Job:
+                             timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS) -> Job:
     """Push the timeout of a waiting callback to ``timeout_seconds`` from now."""
     seconds = validate.check_timeout(timeout_seconds)
     return await _resolve(db, q, "callback_heartbeat", callback_id, seconds)

@@ -36,9 +36,6 @@ class Capacity:
     def in_use(self, queue: str) -> int:
         return self._in_use[queue]
 
-    def total_in_use(self) -> int:
-        return sum(self._in_use.values())
-
     def free(self, queue: str) -> int:
         """Slots this queue may take now."""
         q = self._queues[queue]

@@ -185,7 +185,7 @@ def _queue_name(name: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
-    """Everything a worker process needs to know; defaults from spec §2.3."""
+    """Everything a worker process needs to know; shared defaults come from `awa.core.states`."""
 
     queues: tuple[QueueConfig, ...] = ()
     global_max_workers: int | None = None  #: set → weighted mode

@@ -3,7 +3,7 @@
 Sits between the executor and the handler. Cancellation is a flag that admin
 cancel, rescue, deadline or shutdown set and handlers poll. Progress is
 buffered here and written with heartbeats, with the outcome, or on flush;
-callbacks are registered and waited on here (ADR-021). Every write is guarded
+callbacks are registered and waited on here, in the running handler. Every write is guarded
 by the attempt's run lease.
 """
 
@@ -61,7 +61,7 @@ class AttemptDb:
 
 
 class JobContext:
-    """A running attempt as the handler sees it (spec §3.4)."""
+    """A running attempt as the handler sees it: the job, its args, and what it may do."""
 
     def __init__(self, job: Job, args: Any, db: AttemptDb | None = None,
                  router: Router | None = None) -> None:
@@ -223,7 +223,7 @@ class JobContext:
         return self._transaction
 
     def enqueue_on_completion(self, args: Any, **opts: Unpack[InsertOptions]) -> None:
-        """Stage a follow-up, inserted only if this attempt's completion commits (ADR-046)."""
+        """Stage a follow-up, inserted only if this attempt's completion commits."""
         self.staging.stage(args, dict(opts))
 
     def set_output(self, value: Any) -> None:
@@ -322,7 +322,7 @@ class JobContext:
 
     # -- callbacks ----------------------------------------------------------------
 
-    async def register_callback(self, timeout_seconds: float = 3600, *,
+    async def register_callback(self, timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS, *,
                                 filter: str | None = None, on_complete: str | None = None,
                                 on_fail: str | None = None,
                                 transform: str | None = None) -> CallbackToken:

@@ -2,8 +2,9 @@
 
 Third stop of the pipeline (dispatcher → executor → completion). It rebuilds
 the typed args, runs the handler (``async def`` on the loop, plain ``def`` in
-the thread pool) and maps its return value or exception (spec §3.5). It
-writes nothing: `awa.completion` records the outcome under the run lease.
+the thread pool) and maps its return value or exception to an outcome
+(`outcome_of`: the return types are in `awa.core.model`). It writes nothing:
+`awa.worker.completion` records the outcome under the run lease.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Finalize: apply the completion rules to an attempt's outcome, then write it.
 
 Shared by the runtime and the testing harness, so both follow the same rules:
-a failed stage poisons a normal return (ADR-046), a retained output rides on
+a failed stage poisons a normal return (it fails terminally), a retained output rides on
 the completion, a `WaitForCallback` needs this attempt's callback, staged
 follow-ups ride only on the handler's own completion (discarded, with a
 warning, on a `WaitForCallback` return), registered specs for the outcome's

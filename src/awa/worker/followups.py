@@ -4,7 +4,7 @@ Two sources of follow-ups, inserted in the transaction that records the
 triggering outcome (registered specs first, then staged requests in staging
 order):
 
-- handler-staged requests (ADR-046): ``job.enqueue_on_completion(...)`` during
+- handler-staged requests: ``job.enqueue_on_completion(...)`` during
   the attempt; inserted only if the handler's own completion commits;
 - registered specs: ``client.on_completed_enqueue(TriggerType, fn)`` and the
   other ``on_<outcome>_enqueue``; ``fn(args, job[, context])`` returns

@@ -27,8 +27,7 @@ class Heartbeat(PeriodicService):
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  attempts: Callable[[], list[tuple[int, int, JobContext | None]]],
                  lost: Callable[[int], None]) -> None:
-        super().__init__(interval, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval)
         self._attempts = attempts
         self._lost = lost
 

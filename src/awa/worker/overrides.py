@@ -1,5 +1,5 @@
 """Live queue overrides: change a queue's poll interval, claim batch size,
-rate limit or deadline while workers run (spec §3.10).
+rate limit or deadline while workers run, without a restart.
 
 Operators write ``awa.queue_overrides`` (``client.set_queue_override``, ``awa
 queue overrides set``, the web UI); every worker serving the queue reads it
@@ -114,8 +114,7 @@ class OverrideWatcher(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, queues: list[str],
                  apply: Callable[[str, Any | None], None]) -> None:
-        super().__init__(WATCH_INTERVAL, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, WATCH_INTERVAL)
         self._queues = queues
         self._apply = apply
         self._seen: dict[str, tuple[Any, ...] | None] = {}

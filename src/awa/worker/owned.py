@@ -1,5 +1,5 @@
 """Caller-owned completion: the handler's writes and the job's completion
-commit in one transaction (spec §3.10).
+commit in one transaction, or neither does.
 
 ``@client.task(Args, completion="caller")`` hands the handler an open
 transaction as ``job.transaction`` (an `awa.Transaction`: ``execute``,

@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 
+from awa.core.version import __version__
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
 
@@ -32,15 +33,12 @@ class Presence(PeriodicService):
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta, instance_id: str,
                  snapshot: Callable[[], dict[str, Any]]) -> None:
-        super().__init__(interval, lambda: True)
-        self._pool, self._q = pool, q
+        super().__init__(pool, q, interval)
         self._instance_id = instance_id
         self._snapshot = snapshot
         self._started_at = datetime.now(UTC)
 
     async def run_once(self) -> None:
-        from awa import __version__
-
         s = self._snapshot()
         await self._pool.execute(
             self._q["presence_upsert"], self._instance_id, socket.gethostname(), os.getpid(),

@@ -93,7 +93,7 @@ class QueueHealth:
 
 @dataclass(frozen=True, slots=True)
 class HealthCheck:
-    """What `health_check()` reports (spec §3.2)."""
+    """What `health_check()` reports: the process and each of its queues."""
 
     healthy: bool
     postgres_connected: bool
@@ -453,10 +453,6 @@ class Runtime:
         for d in self.dispatchers.values():
             if d.forget(job_id):
                 return
-
-    def running_context(self, job_id: int) -> JobContext | None:
-        attempt = self._attempts.get(job_id)
-        return attempt.ctx if attempt is not None else None
 
     # -- LISTEN -------------------------------------------------------------------------
 

@@ -204,6 +204,8 @@ RETURNING id
 
 -- name: attempt_retry
 -- Back to retryable after $3 seconds (NULL = backoff), recording error $4 if given.
+-- The backoff is awa.retry_delay (migration 0001), the formula of
+-- awa.core.states.retry_delay: min(2^attempt * (1 + U(0, 0.25)), 24 h).
 UPDATE awa.jobs j
 SET state = 'retryable',
     run_at = now() + coalesce(make_interval(secs => $3::float8), awa.retry_delay(j.attempt)),

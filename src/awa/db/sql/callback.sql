@@ -1,4 +1,4 @@
--- Statements on external callbacks (spec §4.4, ADR-021). A callback id lives
+-- Statements on external callbacks (docs/guide/callbacks.md). A callback id lives
 -- on the job row (unique while set); resolving clears it in the same
 -- statement, so of two racing resolutions exactly one matches a row. Every
 -- resolution notifies awa_callback with the job id, to wake a waiting handler.
@@ -52,7 +52,7 @@ WHERE id = $1 AND run_lease = $2 AND state = 'running'
 RETURNING state
 
 -- name: callback_wait
--- The handler waits in place (ADR-021): park while it stays alive.
+-- The handler waits in place, still running: park while it stays alive.
 UPDATE awa.jobs
 SET state = 'waiting_external', heartbeat_at = now(), progress = coalesce($4, progress)
 WHERE id = $1 AND run_lease = $2 AND state = 'running' AND callback_id = $3

@@ -1,4 +1,4 @@
--- Statements on cron schedules (spec §4.7).
+-- Statements on cron schedules (docs/guide/cron.md).
 
 -- name: cron_upsert
 -- Additive: declaring a schedule never removes another deployment's. A new

@@ -1,4 +1,4 @@
--- Statements on the dead letter queue (spec §4.5). Filters are nullable
+-- Statements on the dead letter queue (docs/guide/dlq.md). Filters are nullable
 -- parameters; bulk statements are refused in Python without a filter unless
 -- allow_all is set.
 
