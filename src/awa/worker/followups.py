@@ -32,7 +32,7 @@ from awa.core import serialize, states, validate
 from awa.core.errors import StagingError, UniqueConflict
 from awa.core.model import Job
 from awa.core.options import InsertOptions
-from awa.core.outcomes import Trigger as Trigger  # its public path before core
+from awa.core.outcomes import Trigger as Trigger  # re-exported: callbacks, hooks import it here
 from awa.db.errors import translate
 from awa.db.pool import Conn
 from awa.db.queries import Queries
