@@ -34,6 +34,7 @@ from awa.core.callback_rules import compile_rules
 from awa.core.errors import ConfigError
 from awa.core.model import CallbackToken, Job, Outcome
 from awa.core.options import InsertOptions
+from awa.core.outcomes import OUTCOMES
 from awa.db import dsn
 from awa.db.pool import resolve_database_url
 from awa.db.queries import queries
@@ -46,8 +47,9 @@ from awa.worker.finalize import Finalizer
 from awa.worker.followups import StagingBuffer
 from awa.worker.tasks import Handler, Registry, make_spec
 
-OUTCOME_NAMES = {"completed": "completed", "retry": "retryable", "fail": "failed",
-                 "cancel": "cancelled", "snooze": "snoozed", "wait": "waiting_external"}
+#: What `WorkResult.outcome` calls each outcome kind, from the one table (`OUTCOMES`).
+OUTCOME_NAMES: dict[str, str] = {kind: o.state for kind, o in OUTCOMES.items()
+                                 if o.state is not None}
 
 
 class _NoJob:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from awa.core.outcomes import OUTCOMES
+
 if TYPE_CHECKING:
     from contextvars import Token
 
@@ -44,8 +46,8 @@ QUEUE_GAUGE_INTERVAL = timedelta(seconds=15)
 #: Histogram buckets, seconds: from a fast no-op handler up to an hour.
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    60.0, 120.0, 300.0, 900.0, 3600.0)
-OUTCOME_NAMES = {"completed": "completed", "retry": "retried", "snooze": "snoozed",
-                 "cancel": "cancelled", "fail": "failed", "wait": "waiting_external"}
+#: An outcome kind's ``awa.job.outcome`` attribute, from the one table (`OUTCOMES`).
+OUTCOME_NAMES: dict[str, str] = {kind: o.telemetry for kind, o in OUTCOMES.items()}
 _MISSING = ("awa.init_telemetry needs OpenTelemetry: pip install 'awa-queue[telemetry]' "
             "(opentelemetry-api and opentelemetry-sdk)")
 
@@ -64,8 +66,8 @@ COUNTERS = {
     "awa.enqueue.signalled": "Jobs enqueued with backpressure=\"signal\" (depth measured).",
     "awa.enqueue.rejected": "Jobs refused by backpressure=Reject(limit) (QueueFull).",
 }
-_COUNTER_OF_OUTCOME = {"completed": "awa.job.completed", "fail": "awa.job.failed",
-                       "retry": "awa.job.retried", "cancel": "awa.job.cancelled"}
+_COUNTER_OF_OUTCOME: dict[str, str] = {kind: f"awa.job.{o.telemetry}"
+                                       for kind, o in OUTCOMES.items() if o.counted}
 _IN_FLIGHT = "awa.job.in_flight"
 
 
@@ -332,7 +334,7 @@ class _Run(_NoRun):
         span.set_attribute("awa.job.outcome", name)
         if result is None:
             span.set_status(Status(StatusCode.ERROR, f"abandoned: {type(exc).__name__}"))
-        elif result.kind in ("fail", "retry"):
+        elif OUTCOMES[result.kind].failure:
             first = (result.error or name).split("\n", 1)[0]
             span.set_status(Status(StatusCode.ERROR, first))
         span.end()

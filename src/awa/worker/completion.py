@@ -34,6 +34,7 @@ import asyncpg
 
 from awa.core import validate
 from awa.core.model import Outcome
+from awa.core.outcomes import OUTCOMES
 from awa.db.errors import translated
 from awa.db.pool import Conn, HeldConnection
 from awa.db.queries import Queries
@@ -374,26 +375,30 @@ class Completer:
 
     def _statement(self, job_id: int, lease: int, outcome: Outcome,
                    progress_json: str | None) -> tuple[str, tuple[object, ...]]:
-        q = self._q
+        """The statement that writes ``outcome`` (named by `OUTCOMES`) and its arguments."""
+        kind = outcome.kind
+        spec = OUTCOMES.get(kind)
+        if spec is None or spec.statement is None or (kind == "wait" and outcome.token is None):
+            raise ValueError(f"cannot write outcome {kind!r}")
+        sql = self._q[spec.statement]
         if outcome.error is not None:  # any outcome's text, as the executor makes a handler's
             outcome = dataclasses.replace(outcome, error=validate.storable_text(outcome.error))
-        if outcome.kind == "completed":
-            return q["attempt_complete_batch"], ([job_id], [lease], [outcome.output_json],
-                                                 self._completed_retention)
-        if outcome.kind == "retry":
-            return q["attempt_retry"], (job_id, lease, outcome.delay, outcome.error,
-                                        progress_json)
-        if outcome.kind == "snooze":
-            return q["attempt_snooze"], (job_id, lease, outcome.delay, progress_json)
-        if outcome.kind == "cancel":
-            return q["attempt_cancel"], (job_id, lease, outcome.error, self._failed_retention,
-                                         progress_json)
-        if outcome.kind == "fail":
-            return q["attempt_fail"], (job_id, lease, outcome.error, self._failed_retention,
-                                       progress_json, outcome.terminal)
-        if outcome.kind == "wait" and outcome.token is not None:
-            return q["callback_park"], (job_id, lease, uuid.UUID(outcome.token), progress_json)
-        raise ValueError(f"cannot write outcome {outcome.kind!r}")
+        args: tuple[object, ...]
+        if kind == "completed":
+            args = ([job_id], [lease], [outcome.output_json], self._completed_retention)
+        elif kind == "retry":
+            args = (job_id, lease, outcome.delay, outcome.error, progress_json)
+        elif kind == "snooze":
+            args = (job_id, lease, outcome.delay, progress_json)
+        elif kind == "cancel":
+            args = (job_id, lease, outcome.error, self._failed_retention, progress_json)
+        elif kind == "fail":
+            args = (job_id, lease, outcome.error, self._failed_retention, progress_json,
+                    outcome.terminal)
+        else:  # wait
+            assert outcome.token is not None
+            args = (job_id, lease, uuid.UUID(outcome.token), progress_json)
+        return sql, args
 
     async def write(self, job_id: int, lease: int, outcome: Outcome,
                     progress_json: str | None = None,

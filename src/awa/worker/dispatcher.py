@@ -20,11 +20,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import asyncpg
 
-from awa.core.model import Job
+from awa.core.model import ClaimDecoder, Job
 from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
 from awa.core.waiting import wait_signal
 from awa.db.pool import HeldConnection
@@ -33,7 +32,7 @@ from awa.telemetry import otel as telemetry
 from awa.telemetry.failures import FailureLog
 from awa.worker.capacity import Capacity, TokenBucket
 from awa.worker.config import QueueConfig
-from awa.worker.keyed import KeyedClaims, job_from_row
+from awa.worker.keyed import KeyedClaims
 
 log = logging.getLogger("awa.dispatcher")
 COALESCE_SECONDS = CLAIM_COALESCE.total_seconds()
@@ -131,18 +130,22 @@ class Dispatcher:
                 return True
         return False
 
-    def _take_rows(self, rows: list[asyncpg.Record],
-                   decode: Callable[[Any], Job] = Job.from_claim) -> None:
-        """Queue claimed rows to start; one that cannot become a `Job` (a value no
-        writer of ours stores) is handed to ``reject`` (id, lease, error) to be failed:
-        it must not stop the loop, nor the rest of its batch."""
+    def _take_rows(self, rows: list[asyncpg.Record], keyed: bool = False) -> None:
+        """Queue claimed rows to start, decoded by column name (one `ClaimDecoder` per
+        batch); one that cannot become a `Job` (a value no writer of ours stores, or a
+        column missing) is handed to ``reject`` (id, lease, error) to be failed: it
+        must not stop the loop, nor the rest of its batch."""
+        decode: ClaimDecoder | None = None
         for row in rows:
             try:
+                if decode is None:
+                    decode = ClaimDecoder(row.keys(), keyed)
                 self.ready.append(decode(row))
             except Exception as exc:
-                log.error("claimed job %s of %r cannot be decoded: %r", row[0], self.cfg.name,
-                          exc)
-                self._reject(row[0], row[7], f"claimed row cannot be decoded: {exc!r}")
+                log.error("claimed job %s of %r cannot be decoded: %r", row["id"],
+                          self.cfg.name, exc)
+                self._reject(row["id"], row["run_lease"],
+                             f"claimed row cannot be decoded: {exc!r}")
 
     async def _unclaim(self) -> None:
         """Hand jobs claimed ahead back to the queue: the worker is stopping."""
@@ -223,7 +226,7 @@ class Dispatcher:
                     self._limiter.take(got)
                 self._take_rows(rows)
                 if keyed:
-                    self._take_rows(keyed, job_from_row)
+                    self._take_rows(keyed, keyed=True)
                 self._start_ready()
                 self.claimed += got
                 # A short plain claim may hide keyed jobs: look for them next round,

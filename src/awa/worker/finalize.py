@@ -14,17 +14,14 @@ import logging
 from dataclasses import dataclass
 
 from awa.core.model import Job, Outcome
+from awa.core.outcomes import OUTCOMES, Trigger
 from awa.enqueue.producer import PreparedJob
 from awa.worker.completion import Completer
 from awa.worker.context import JobContext
 from awa.worker.executor import describe_error
-from awa.worker.followups import FollowUpRegistry, OutcomeContext, Trigger
+from awa.worker.followups import FollowUpRegistry, OutcomeContext
 
 log = logging.getLogger("awa.runtime")
-
-TRIGGER_OF: dict[str, Trigger] = {
-    "completed": "completed", "retry": "retried", "fail": "exhausted", "cancel": "cancelled",
-    "wait": "waiting_for_callback"}
 
 
 @dataclass(slots=True)
@@ -61,7 +58,7 @@ class Finalizer:
             self.staged_discarded_on_wait += len(staged)
             log.warning("job %d (%s) returned WaitForCallback with %d staged follow-ups; "
                         "they are discarded", job.id, job.kind, len(staged))
-        trigger = TRIGGER_OF.get(outcome.kind)
+        trigger = OUTCOMES[outcome.kind].trigger
         followups: list[PreparedJob] = []
         if trigger is not None and self.followups.has_specs(trigger, job.kind):
             followups = self.followups.build(trigger, job, OutcomeContext(trigger, outcome.error))
@@ -88,9 +85,9 @@ class Finalizer:
             return Finalized(outcome, written=False, trigger=None)
         if outcome.committed:  # caller-owned: committed with the handler's writes
             self.completer.count(job.queue, "completed")
-            return Finalized(outcome, written=True, trigger="completed")
+            return Finalized(outcome, written=True, trigger=OUTCOMES["completed"].trigger)
         outcome, followups = self.resolve(job, ctx, outcome)
-        trigger = TRIGGER_OF.get(outcome.kind)
+        trigger = OUTCOMES[outcome.kind].trigger
         if outcome.kind == "completed" and allow_batch:
             # Batched with other completions; wait for the batch to commit only
             # when something depends on it (follow-ups, hooks).

@@ -32,6 +32,7 @@ from awa.core import serialize, states, validate
 from awa.core.errors import StagingError, UniqueConflict
 from awa.core.model import Job
 from awa.core.options import InsertOptions
+from awa.core.outcomes import Trigger as Trigger  # re-exported: callbacks, hooks import it here
 from awa.db.errors import translate
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -41,8 +42,6 @@ from awa.telemetry import otel as telemetry
 
 log = logging.getLogger("awa.followups")
 
-Trigger = Literal["completed", "retried", "exhausted", "cancelled", "waiting_for_callback",
-                  "rescued"]
 TRIGGERS: tuple[Trigger, ...] = ("completed", "retried", "exhausted", "cancelled",
                                  "waiting_for_callback", "rescued")
 EVENTS = ("started", *TRIGGERS)

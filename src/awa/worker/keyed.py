@@ -28,28 +28,16 @@ from typing import Any, Protocol
 import asyncpg
 
 from awa.core import states
-from awa.core.model import Job
 from awa.db.queries import Queries
 
 log = logging.getLogger("awa.dispatcher")
 PROBE_SECONDS = states.KEY_PROBE_INTERVAL.total_seconds()
 IDLE_SECONDS = states.KEY_IDLE.total_seconds()
 RACE_RETRIES = 3
-_CLAIM_COLUMNS = 18  # attempt_claim's columns, which Job.from_claim unpacks
-_KEY = _CLAIM_COLUMNS  # then the key, its limit and the slot granted
-_CURSOR = _CLAIM_COLUMNS + 3  # then the cursor, whether to claim on (capped / walk), plain
 
 
 class _Fetcher(Protocol):
     async def fetch(self, sql: str, *args: Any) -> list[Any]: ...
-
-
-def job_from_row(row: Any) -> Job:
-    """A `Job` from a row of ``attempt_claim_keyed`` (attempt_claim's columns,
-    then the key, its limit and the slot granted)."""
-    job = Job.from_claim(row[:_CLAIM_COLUMNS])
-    job.concurrency_key, job.concurrency_limit, job.concurrency_slot = row[_KEY:_CURSOR]
-    return job
 
 
 class KeyedClaims:
@@ -85,7 +73,8 @@ class KeyedClaims:
 
     async def claim(self, db: _Fetcher, queue: str, want: int, deadline: float,
                     aging: float) -> list[Any]:
-        """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for `job_from_row`.
+        """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for a keyed
+        `ClaimDecoder` (the claimed columns, then the key, its limit and the slot).
 
         First the small statement (one range scan of the next keys), without
         its scans for unkeyed jobs while the last claim found none
@@ -102,7 +91,7 @@ class KeyedClaims:
         self.capped = False
         if rows:
             last = rows[-1]
-            self.cursor, walk, plain = last[_CURSOR], last[_CURSOR + 1], last[_CURSOR + 2]
+            self.cursor, walk, plain = last["cursor"], last["walk"], last["plain"]
             walk = walk or (plain and not self.mixed)
             self.mixed = plain
         else:  # nothing claimed: every key in the range at its limit, or nothing there
@@ -119,11 +108,11 @@ class KeyedClaims:
                 more = None
             if more is not None:
                 last = more[-1]
-                self.cursor, self.capped = last[_CURSOR], last[_CURSOR + 1]
-                more = [r for r in more if r[0] is not None]
-                self.mixed = self.mixed or any(r[_KEY] is None for r in more)
+                self.cursor, self.capped = last["cursor"], last["capped"]
+                more = [r for r in more if r["id"] is not None]  # none claimed: the walk's row
+                self.mixed = self.mixed or any(r["concurrency_key"] is None for r in more)
                 claimed += more
-        if any(r[_KEY] is not None for r in claimed):
+        if any(r["concurrency_key"] is not None for r in claimed):
             self._keyed_until = time.monotonic() + IDLE_SECONDS
         return claimed
 

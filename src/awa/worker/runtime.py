@@ -23,7 +23,8 @@ from typing import Any, Literal, cast
 import asyncpg
 
 from awa.core import states
-from awa.core.model import Job, Outcome
+from awa.core.model import Job, Outcome, OutcomeKind
+from awa.core.outcomes import OUTCOMES
 from awa.db import migrations
 from awa.db.errors import translated
 from awa.db.listener import Listener
@@ -516,9 +517,11 @@ class Runtime:
                per_queue({n: d.claimed for n, d in self.dispatchers.items()}))
         metric("awa_job_completed_total", "counter", "Completions written by this process.",
                [("", self.completer.completed)])
-        for kind, name, what in (("fail", "failed", "Jobs failed for good"),
-                                 ("retry", "retried", "Failed attempts to be retried"),
-                                 ("cancel", "cancelled", "Handlers that returned Cancel")):
+        counted: tuple[tuple[OutcomeKind, str], ...] = (
+            ("fail", "Jobs failed for good"), ("retry", "Failed attempts to be retried"),
+            ("cancel", "Handlers that returned Cancel"))
+        for kind, what in counted:
+            name = OUTCOMES[kind].telemetry
             metric(f"awa_job_{name}_total", "counter", f"{what} by this process.",
                    per_queue({n: self.outcomes[(kind, n)] for n in self.dispatchers}))
         metric("awa_job_in_flight", "gauge", "Handlers running now.",

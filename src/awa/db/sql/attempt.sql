@@ -4,8 +4,9 @@
 
 -- fragment: claimed_row
 -- What a claim returns of each job it claimed: only what a running job can
--- hold, in the order Job.from_claim unpacks it (decoding is a large part of a
--- worker's time per job). Times come back as epoch seconds (float8, exact to
+-- hold, named as awa.core.model.CLAIM_COLUMNS names them. ClaimDecoder reads
+-- them by name, fastest in this order (decoding is a large part of a worker's
+-- time per job). Times come back as epoch seconds (float8, exact to
 -- the microsecond until the 23rd century): the driver builds a timestamptz at
 -- about three times the cost of datetime.fromtimestamp. Empty tags and
 -- metadata come back NULL, which costs nothing to decode.
