@@ -7,13 +7,11 @@ PostgreSQL. Failures exit non-zero with a one-line reason on stderr.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import difflib
 import importlib
 import json
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
@@ -32,6 +30,7 @@ from awa.cli.output import (
     yes_option,
 )
 from awa.cli.progress import Bar, bars_enabled
+from awa.cli.shutdown import exit_now, stop_on_signals
 from awa.core.errors import AwaError
 from awa.core.serialize import nested_too_deeply
 from awa.db import migrations
@@ -225,16 +224,7 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
 
     async def go() -> int:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def on_signal(signum: int) -> None:
-            if stop.is_set():  # the second SIGTERM / SIGINT: stop waiting for anything
-                log.warning("second signal: exiting now; jobs still running are "
-                            "retried after rescue")
-                _exit_now(128 + signum)
-            stop.set()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal, sig)
+        stop_on_signals(stop, log, "jobs still running are retried after rescue")
         await client.start(queue_list, **start_options)
         log.info("worker started (pid %s) serving queues: %s", _pid(), _served(client))
         await stop.wait()
@@ -249,16 +239,7 @@ def worker(target: str, queues: tuple[str, ...], options: tuple[str, ...],
         # and a thread cannot be stopped: exit instead of waiting for them.
         log.warning("exiting with %d sync handlers still running past the shutdown "
                     "timeout; rescue will retry their jobs", left)
-        _exit_now(0)
-
-
-def _exit_now(code: int) -> None:
-    """End the process at once (no waiting for handler threads), logs flushed."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+        exit_now(0)
 
 
 class JsonFormatter(logging.Formatter):

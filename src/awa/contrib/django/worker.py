@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from inspect import iscoroutinefunction
@@ -32,7 +31,7 @@ from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 import awa
-from awa.cli.root import _exit_now as exit_now
+from awa.cli.shutdown import stop_on_signals
 from awa.contrib.django.backend import (
     META_KEY,
     AwaBackend,
@@ -300,17 +299,8 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
     names = [q["name"] if isinstance(q, Mapping) else q[0] for q in queue_list]
     client = build_client(backend, tasks, names)
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():  # the second SIGTERM / SIGINT: stop waiting for anything
-            log.warning("second signal: exiting now; tasks still running are rescued "
-                        "(retried, or FAILED on their last attempt)")
-            exit_now(128 + signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+    remove_handlers = stop_on_signals(
+        stop, log, "tasks still running are rescued (retried, or FAILED on their last attempt)")
     runtime = None
     try:
         await client.start(queue_list, **options)
@@ -324,6 +314,5 @@ async def serve(backend: AwaBackend, queues: Iterable[tuple[str, int]] | None = 
             await client.shutdown(timeout_ms=shutdown_timeout_ms)
             await client.close()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+            remove_handlers()
     return runtime.handlers_in_threads() if runtime is not None else 0

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from awa.cli import configure_logging
-from awa.cli.root import _exit_now as exit_now
+from awa.cli.shutdown import exit_now
 from awa.contrib.django.backend import schema_missing
 from awa.contrib.django.management.commands._common import awa_backend
 from awa.contrib.django.worker import log, serve
