@@ -127,6 +127,24 @@ async def test_timeout_raises_and_leaves_the_job_alone(client: awa.AsyncClient) 
     assert await pool.fetchval("SELECT count(*) FROM awa.job_waiters") == 0  # unregistered
 
 
+async def test_the_timeout_holds_while_the_database_does_not_answer(
+        client: awa.AsyncClient, database_url: str) -> None:
+    """A registration blocked on the job's row (an open transaction holds it)
+    still ends at the wait's timeout: no database call outlives it."""
+    job = await client.insert(Work(5), queue="nobody")
+    holder = await asyncpg.connect(database_url)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM awa.jobs WHERE id = $1 FOR UPDATE", job.id)
+        with pytest.raises(awa.WaitTimeout) as caught:
+            await asyncio.wait_for(job.wait(timeout=0.5), 20)  # 20 s: the old hang's bound
+        assert caught.value.job_id == job.id
+        await tx.rollback()
+    finally:
+        await holder.close()
+
+
 async def test_unknown_job_and_bad_arguments(client: awa.AsyncClient) -> None:
     with pytest.raises(awa.JobNotFound):
         await client.wait_for(987654321, timeout=1)

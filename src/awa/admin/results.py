@@ -41,6 +41,7 @@ from awa.db.listener import Listener
 from awa.db.queries import Queries
 
 log = logging.getLogger("awa.results")
+RESULT_DB_GRACE_SECONDS = states.RESULT_DB_GRACE.total_seconds()
 CHANNEL = "awa_result"
 
 
@@ -87,26 +88,37 @@ class ResultWaiter:
         timed_out = False
         try:
             registered = False
-            while True:
-                if not registered:
-                    with translated():
-                        registered = await self._pool.fetchval(
-                            self._q["result_register"], job_id, expires) is not None
-                job = await self._read(job_id)
-                if job is None:
-                    raise JobNotFound(f"no job with id {job_id}")
-                if job.state in states.TERMINAL:
-                    return job
-                state = str(job.state)
-                if not registered:
-                    continue  # active again (an admin retry) but not registered: register
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    timed_out = True
-                    raise WaitTimeout(job_id, timeout or 0.0, state)
-                if not await wait_signal(event, remaining):
-                    timed_out = True
-                    raise WaitTimeout(job_id, timeout or 0.0, state)
+            # The deadline holds for the database calls too: a wait outlives its
+            # timeout by at most states.RESULT_DB_GRACE (time for the calls a timeout of 0
+            # still makes), whatever hangs (a row lock, a pool or pooler with no
+            # free connection).
+            bound = None if deadline is None else deadline + RESULT_DB_GRACE_SECONDS
+            async with asyncio.timeout_at(bound):
+                while True:
+                    if not registered:
+                        with translated():
+                            registered = await self._pool.fetchval(
+                                self._q["result_register"], job_id, expires) is not None
+                    job = await self._read(job_id)
+                    if job is None:
+                        raise JobNotFound(f"no job with id {job_id}")
+                    if job.state in states.TERMINAL:
+                        return job
+                    state = str(job.state)
+                    if not registered:
+                        continue  # active again (an admin retry) but not registered: register
+                    remaining = None if deadline is None else deadline - loop.time()
+                    if remaining is not None and remaining <= 0:
+                        timed_out = True
+                        raise WaitTimeout(job_id, timeout or 0.0, state)
+                    if not await wait_signal(event, remaining):
+                        timed_out = True
+                        raise WaitTimeout(job_id, timeout or 0.0, state)
+        except WaitTimeout:
+            raise
+        except TimeoutError:
+            timed_out = True
+            raise WaitTimeout(job_id, timeout or 0.0, state) from None
         finally:
             self._forget(job_id, event)
             # A finish deletes the registration itself. A waiter whose deadline

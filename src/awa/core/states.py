@@ -207,6 +207,9 @@ def retry_delay(attempt: int, jitter: float) -> timedelta:
 #: `wait_for` checks its jobs this often when LISTEN is unavailable (behind a
 #: transaction pooler, or while the LISTEN connection is down).
 RESULT_POLL_INTERVAL = timedelta(milliseconds=500)
+#: How long past its timeout a `wait_for` may spend in database calls (a row lock, a
+#: pool with no free connection) before it raises `WaitTimeout` all the same.
+RESULT_DB_GRACE = timedelta(seconds=1)
 #: ...and this often while LISTEN works, as a safety net only: every finish of
 #: a waited-on job sends a NOTIFY, and a reconnect re-checks every waiter.
 RESULT_SAFETY_POLL = timedelta(seconds=5)
