@@ -1,0 +1,263 @@
+-- Prototype of the append-only queue core (issue 42; design in docs/storage.md).
+-- Applied to a scratch schema by bench/storage_proto/run.py; not part of the
+-- package. Every hot-path write is an INSERT into a ring partition; space is
+-- reclaimed by TRUNCATE of a whole partition, which needs no vacuum and does
+-- not wait for the xmin horizon.
+
+DROP SCHEMA IF EXISTS awa_proto CASCADE;
+CREATE SCHEMA awa_proto;
+
+-- Which ring slot new rows go to. One row, updated once per rotation.
+CREATE TABLE awa_proto.ring (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    slot smallint NOT NULL,
+    slots smallint NOT NULL,
+    rotated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+INSERT INTO awa_proto.ring (slot, slots) VALUES (0, 8);
+
+CREATE FUNCTION awa_proto.current_slot() RETURNS smallint
+LANGUAGE sql STABLE AS $$ SELECT slot FROM awa_proto.ring $$;
+
+-- Available jobs: immutable once written. xid is the inserting transaction's
+-- (top-level) id: a claim learns which rows became visible between two of its
+-- snapshots from it, so it never walks rows that were already claimed.
+CREATE TABLE awa_proto.ready (
+    slot       smallint NOT NULL DEFAULT awa_proto.current_slot(),
+    id         bigint NOT NULL,
+    queue      text NOT NULL,
+    priority   smallint NOT NULL,
+    xid        xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    kind       text NOT NULL,
+    args       jsonb NOT NULL,
+    lease_base bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE INDEX ON awa_proto.ready (queue, priority, xid, id);
+CREATE INDEX ON awa_proto.ready (id);
+
+-- One row per claim transaction: its snapshot (the tick) and where each
+-- priority lane's cursor stands after it: all rows of ticks before cur_tick
+-- are spent, and of tick cur_tick those up to (cur_xid, cur_id).
+CREATE TABLE awa_proto.claim_log (
+    slot     smallint NOT NULL DEFAULT awa_proto.current_slot(),
+    queue    text NOT NULL,
+    n        bigint NOT NULL,
+    snap     pg_snapshot NOT NULL,
+    cur_tick bigint[] NOT NULL,
+    cur_xid  xid8[] NOT NULL,
+    cur_id   bigint[] NOT NULL,
+    at       timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE INDEX ON awa_proto.claim_log (queue, n);
+
+-- One row per claimed attempt (the receipt) and one per finished attempt
+-- (the closure), in the same slot: the unique index is the run-lease guard,
+-- so a rescue and a late completion of the same attempt cannot both land.
+CREATE TABLE awa_proto.receipts (
+    slot       smallint NOT NULL,
+    id         bigint NOT NULL,
+    run_lease  bigint NOT NULL,
+    queue      text NOT NULL,
+    ready_slot smallint NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE UNIQUE INDEX ON awa_proto.receipts (slot, id, run_lease);
+
+CREATE TABLE awa_proto.closures (
+    slot      smallint NOT NULL,
+    id        bigint NOT NULL,
+    run_lease bigint NOT NULL,
+    outcome   smallint NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE UNIQUE INDEX ON awa_proto.closures (slot, id, run_lease);
+
+-- Finished jobs (history), append-only; the real schema keeps awa.jobs_done.
+CREATE TABLE awa_proto.done (
+    id bigint NOT NULL, queue text NOT NULL, kind text NOT NULL, args jsonb NOT NULL,
+    run_lease bigint NOT NULL, created_at timestamptz NOT NULL,
+    finalized_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON awa_proto.done (id);
+
+DO $$
+BEGIN
+    FOR s IN 0..7 LOOP
+        EXECUTE format('CREATE TABLE awa_proto.ready_%s PARTITION OF awa_proto.ready FOR VALUES IN (%s)', s, s);
+        EXECUTE format('CREATE TABLE awa_proto.claim_log_%s PARTITION OF awa_proto.claim_log FOR VALUES IN (%s)', s, s);
+        EXECUTE format('CREATE TABLE awa_proto.receipts_%s PARTITION OF awa_proto.receipts FOR VALUES IN (%s)', s, s);
+        EXECUTE format('CREATE TABLE awa_proto.closures_%s PARTITION OF awa_proto.closures FOR VALUES IN (%s)', s, s);
+    END LOOP;
+END $$;
+
+CREATE SEQUENCE awa_proto.job_id;
+
+-- The rows of lane (queue, priority) that became visible between snapshots
+-- lo and hi, after position (x, i), in (xid, id) order. Rows of transactions
+-- that were running at lo and ended by hi come first, from exact index probes
+-- (one per such transaction); then rows of transactions that started after
+-- lo, from one index range. A transaction running at both (an idle one
+-- holding the xmin horizon) costs nothing. Neither read touches a spent row.
+CREATE FUNCTION awa_proto.window_rows(p_queue text, p_priority smallint,
+                                      lo pg_snapshot, hi pg_snapshot,
+                                      x xid8, i bigint, lim int)
+RETURNS SETOF awa_proto.ready
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    e xid8;
+    n int := 0;
+    r awa_proto.ready;
+BEGIN
+    FOR e IN SELECT v FROM pg_snapshot_xip(lo) v
+             WHERE v >= x AND pg_visible_in_snapshot(v, hi) ORDER BY v LOOP
+        FOR r IN SELECT * FROM awa_proto.ready w
+                 WHERE w.queue = p_queue AND w.priority = p_priority AND w.xid = e
+                   AND w.id > CASE WHEN e = x THEN i ELSE 0 END
+                 ORDER BY w.id LIMIT lim - n LOOP
+            n := n + 1;
+            RETURN NEXT r;
+        END LOOP;
+        IF n >= lim THEN RETURN; END IF;
+    END LOOP;
+    RETURN QUERY
+        SELECT * FROM awa_proto.ready w
+        WHERE w.queue = p_queue AND w.priority = p_priority
+          -- The start key: just after (x, i), or the first row of a
+          -- transaction that started after lo, whichever is later.
+          AND (w.xid, w.id) > (greatest(pg_snapshot_xmax(lo), x),
+                               CASE WHEN x >= pg_snapshot_xmax(lo) THEN i ELSE 0 END)
+          AND w.xid < pg_snapshot_xmax(hi)
+          AND pg_visible_in_snapshot(w.xid, hi)
+        ORDER BY w.xid, w.id LIMIT lim - n;
+END $$;
+
+-- Claim up to p_max jobs of p_queue, priority 1 first. Claims of one queue
+-- take turns (a transaction-scoped advisory lock); each adds one claim_log
+-- row, one receipt per job, and changes no row.
+CREATE FUNCTION awa_proto.claim(p_queue text, p_max int)
+RETURNS TABLE (id bigint, kind text, args jsonb, run_lease bigint, receipt_slot smallint,
+               ready_slot smallint)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    last     awa_proto.claim_log;
+    s_now    pg_snapshot;
+    n_new    bigint;
+    ticks    bigint[];
+    xs       xid8[];
+    ids      bigint[];
+    p        int;
+    t        bigint;
+    x        xid8;
+    i        bigint;
+    want     int := p_max;
+    got      int;
+    lo       pg_snapshot;
+    hi       pg_snapshot;
+    r        awa_proto.ready;
+    rslot    smallint := awa_proto.current_slot();
+    c_ids    bigint[] := '{}';
+    c_leases bigint[] := '{}';
+    c_slots  smallint[] := '{}';
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('awa.claim:' || p_queue, 0));
+    SELECT * INTO last FROM awa_proto.claim_log c WHERE c.queue = p_queue
+    ORDER BY c.n DESC LIMIT 1;
+    s_now := pg_current_snapshot();
+    IF last.n IS NULL THEN
+        n_new := 1;
+        ticks := ARRAY[1, 1, 1, 1]; xs := ARRAY['0', '0', '0', '0']::xid8[]; ids := ARRAY[0, 0, 0, 0];
+    ELSE
+        n_new := last.n + 1;
+        ticks := last.cur_tick; xs := last.cur_xid; ids := last.cur_id;
+    END IF;
+    FOR p IN 1..4 LOOP
+        t := ticks[p]; x := xs[p]; i := ids[p];
+        WHILE t <= n_new LOOP
+            IF want = 0 THEN EXIT; END IF;
+            IF t = 1 THEN lo := '1:1:';
+            ELSE SELECT c.snap INTO lo FROM awa_proto.claim_log c WHERE c.queue = p_queue AND c.n = t - 1;
+            END IF;
+            IF t = n_new THEN hi := s_now;
+            ELSE SELECT c.snap INTO hi FROM awa_proto.claim_log c WHERE c.queue = p_queue AND c.n = t;
+            END IF;
+            got := 0;
+            FOR r IN SELECT * FROM awa_proto.window_rows(p_queue, p::smallint, lo, hi, x, i, want) LOOP
+                got := got + 1;
+                x := r.xid; i := r.id;
+                id := r.id; kind := r.kind; args := r.args; run_lease := r.lease_base + 1;
+                receipt_slot := rslot; ready_slot := r.slot;
+                c_ids := c_ids || r.id; c_leases := c_leases || (r.lease_base + 1);
+                c_slots := c_slots || r.slot;
+                RETURN NEXT;
+            END LOOP;
+            want := want - got;
+            IF want > 0 THEN  -- tick t is spent: the lane moves to the next one
+                t := t + 1; x := '0'; i := 0;
+            END IF;
+        END LOOP;
+        ticks[p] := t; xs[p] := x; ids[p] := i;
+    END LOOP;
+    INSERT INTO awa_proto.receipts (slot, id, run_lease, queue, ready_slot)
+    SELECT rslot, u.i, u.l, p_queue, u.s FROM unnest(c_ids, c_leases, c_slots) AS u(i, l, s);
+    INSERT INTO awa_proto.claim_log (queue, n, snap, cur_tick, cur_xid, cur_id)
+    VALUES (p_queue, n_new, s_now, ticks, xs, ids);
+END $$;
+
+-- Maintenance, one call per slot (but the current one and the one before),
+-- each in a transaction of its own: a TRUNCATE holds its ACCESS EXCLUSIVE
+-- lock until commit, and a claim waiting for it must not wait long. A slot's
+-- tables are truncated when every row in them is spent: ready rows all in
+-- ticks every lane has passed and none read by an open attempt; receipts
+-- all closed; claim_log rows older than the oldest lane cursor needs.
+CREATE FUNCTION awa_proto.reclaim(s smallint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    min_tick bigint;
+    spent    pg_snapshot;
+    done     text := '';
+BEGIN
+    SELECT min(t) INTO min_tick FROM (
+        SELECT DISTINCT ON (queue) cur_tick FROM awa_proto.claim_log ORDER BY queue, n DESC) c,
+        unnest(c.cur_tick) t;
+    SELECT c.snap INTO spent FROM awa_proto.claim_log c WHERE c.n = min_tick - 1;
+    IF EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = s) AND NOT EXISTS (
+            SELECT 1 FROM awa_proto.receipts r WHERE r.slot = s AND NOT EXISTS (
+                SELECT 1 FROM awa_proto.closures c
+                WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease)) THEN
+        EXECUTE format('TRUNCATE awa_proto.receipts_%s, awa_proto.closures_%s', s, s);
+        done := done || ' receipts';
+    END IF;
+    IF spent IS NOT NULL
+       AND EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = s)
+       AND NOT EXISTS (SELECT 1 FROM awa_proto.ready r WHERE r.slot = s
+                       AND NOT pg_visible_in_snapshot(r.xid, spent))
+       AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts r WHERE r.ready_slot = s
+                       AND NOT EXISTS (SELECT 1 FROM awa_proto.closures c
+                           WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)) THEN
+        EXECUTE format('TRUNCATE awa_proto.ready_%s', s);
+        done := done || ' ready';
+    END IF;
+    IF min_tick IS NOT NULL AND EXISTS (SELECT 1 FROM awa_proto.claim_log WHERE slot = s)
+       AND NOT EXISTS (SELECT 1 FROM awa_proto.claim_log c WHERE c.slot = s AND c.n >= min_tick - 1) THEN
+        EXECUTE format('TRUNCATE awa_proto.claim_log_%s', s);
+        done := done || ' claim_log';
+    END IF;
+    RETURN done;
+END $$;
+
+-- Move the ring on when the next slot is empty.
+CREATE FUNCTION awa_proto.advance() RETURNS smallint
+LANGUAGE plpgsql AS $$
+DECLARE
+    nxt smallint;
+BEGIN
+    SELECT (slot + 1) % slots INTO nxt FROM awa_proto.ring;
+    IF EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa_proto.claim_log WHERE slot = nxt) THEN
+        RETURN NULL;
+    END IF;
+    UPDATE awa_proto.ring SET slot = nxt, rotated_at = clock_timestamp();
+    RETURN nxt;
+END $$;

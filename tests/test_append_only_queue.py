@@ -1,0 +1,159 @@
+"""The append-only queue core (docs/storage.md; the prototype in bench/storage_proto/).
+
+Claims find unclaimed rows through snapshot ticks instead of marking rows, so
+the properties that matter are the queue's own: every committed job is claimed
+exactly once, a rolled-back one never, whatever order producers commit in and
+however long they stay open; the first closure of an attempt wins; and a slot
+is only truncated when everything in it is spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+SCHEMA = Path(__file__).parent.parent / "bench" / "storage_proto" / "schema.sql"
+INSERT = """INSERT INTO awa_proto.ready (id, queue, priority, kind, args)
+            SELECT i, 'q', $2, 'k', '{}'::jsonb FROM unnest($1::bigint[]) i"""
+CLOSE = """INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
+           VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING outcome"""
+
+
+@pytest.fixture
+async def proto(empty_database_url: str) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(empty_database_url, min_size=2, max_size=12)
+    await pool.execute(SCHEMA.read_text())
+    yield pool
+    await pool.close()
+
+
+async def claim(pool: asyncpg.Pool, n: int = 16) -> list[asyncpg.Record]:
+    return await pool.fetch("SELECT * FROM awa_proto.claim('q', $1)", n)
+
+
+async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
+        proto: asyncpg.Pool) -> None:
+    """Producers commit out of order, roll back, and stay open across many claims."""
+    committed: set[int] = set()
+    rolled_back: set[int] = set()
+    ids = iter(range(1, 10**9))
+    producing = True
+
+    async def producer(seed: int) -> None:
+        rng = random.Random(seed)
+        async with proto.acquire() as conn:
+            for _ in range(40):
+                batch = [next(ids) for _ in range(rng.randint(1, 30))]
+                tr = conn.transaction()
+                await tr.start()
+                await conn.execute(INSERT, batch, rng.randint(1, 4))
+                # Some stay open while other transactions commit and claims run.
+                await asyncio.sleep(rng.choice([0, 0, 0.001, 0.02, 0.3]))
+                if rng.random() < 0.15:
+                    await tr.rollback()
+                    rolled_back.update(batch)
+                else:
+                    await tr.commit()
+                    committed.update(batch)
+
+    claimed: list[int] = []
+
+    async def claimer() -> None:
+        while True:
+            done = not producing  # read first: an empty claim after this means drained
+            rows = await claim(proto)
+            claimed.extend(r["id"] for r in rows)
+            if not rows:
+                if done:
+                    return
+                await asyncio.sleep(0.002)
+
+    async def held_horizon() -> None:
+        async with proto.acquire() as conn, conn.transaction():
+            await conn.fetchval("SELECT txid_current()")
+            while producing:
+                await asyncio.sleep(0.05)
+
+    claimers = [asyncio.create_task(claimer()) for _ in range(3)]
+    holder = asyncio.create_task(held_horizon())
+    await asyncio.gather(*(producer(s) for s in range(6)))
+    producing = False
+    await asyncio.gather(*claimers, holder)
+    # A last claim after every producer has ended finds nothing left over.
+    assert await claim(proto, 1000) == []
+
+    counts = Counter(claimed)
+    assert set(counts) == committed
+    assert max(counts.values()) == 1
+    assert not rolled_back & set(counts)
+    assert len(committed) > 1000 and rolled_back
+
+
+async def test_a_long_open_producer_is_picked_up_when_it_commits(proto: asyncpg.Pool) -> None:
+    async with proto.acquire() as long:
+        tr = long.transaction()
+        await tr.start()
+        await long.execute(INSERT, [1, 2], 2)
+        for n in range(3, 50):  # later transactions commit and are claimed meanwhile
+            await proto.execute(INSERT, [n], 2)
+            assert [r["id"] for r in await claim(proto)] == [n]
+        await tr.commit()
+    assert sorted(r["id"] for r in await claim(proto)) == [1, 2]
+
+
+async def test_lower_priority_numbers_are_claimed_first(proto: asyncpg.Pool) -> None:
+    for priority, first in ((4, 1), (3, 11), (1, 21), (2, 31)):
+        await proto.execute(INSERT, list(range(first, first + 10)), priority)
+    order = [r["id"] for r in await claim(proto, 40)]
+    assert order == [*range(21, 31), *range(31, 41), *range(11, 21), *range(1, 11)]
+
+
+async def test_the_first_closure_of_an_attempt_wins(proto: asyncpg.Pool) -> None:
+    await proto.execute(INSERT, [7], 2)
+    (job,) = await claim(proto)
+    key = (job["receipt_slot"], job["id"], job["run_lease"])
+    results = await asyncio.gather(proto.fetchval(CLOSE, *key, 1), proto.fetchval(CLOSE, *key, 2))
+    assert len([r for r in results if r is not None]) == 1
+    assert await proto.fetchval("SELECT count(*) FROM awa_proto.closures") == 1
+
+
+async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
+        proto: asyncpg.Pool) -> None:
+    async def reclaim(slot: int) -> str:
+        async with proto.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '100ms'")
+            return await conn.fetchval("SELECT awa_proto.reclaim($1)", slot)
+
+    await proto.execute(INSERT, [1, 2, 3], 2)  # into slot 0
+    first = await claim(proto, 1)
+    await proto.execute("UPDATE awa_proto.ring SET slot = 2")
+    assert await reclaim(0) == ""  # two jobs in slot 0 are not claimed yet
+
+    rest = await claim(proto, 10)
+    assert [r["id"] for r in rest] == [2, 3]
+    # Every job is claimed, but the attempts are open: only the old tick goes.
+    assert await reclaim(0) == " claim_log"
+
+    for r in [*first, *rest]:
+        await proto.fetchval(CLOSE, r["receipt_slot"], r["id"], r["run_lease"], 1)
+    assert await reclaim(0) == " receipts ready"
+    assert await proto.fetchval("SELECT count(*) FROM awa_proto.ready_0") == 0
+
+    # A producer still writing into a slot keeps it: the truncate times out.
+    await proto.execute("UPDATE awa_proto.ring SET slot = 4")
+    async with proto.acquire() as open_producer:
+        tr = open_producer.transaction()
+        await tr.start()
+        await open_producer.execute(INSERT, [99], 2)
+        await proto.execute("UPDATE awa_proto.ring SET slot = 5")
+        with pytest.raises(asyncpg.LockNotAvailableError):
+            async with proto.acquire() as conn, conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '100ms'")
+                await conn.execute("TRUNCATE awa_proto.ready_4")
+        await tr.commit()
+    assert [r["id"] for r in await claim(proto)] == [99]
