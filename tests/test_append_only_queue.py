@@ -20,8 +20,12 @@ import pytest
 SCHEMA = Path(__file__).parent.parent / "bench" / "storage_proto" / "schema.sql"
 INSERT = """INSERT INTO awa_proto.ready (id, queue, priority, kind, args)
             SELECT i, 'q', $2, 'k', '{}'::jsonb FROM unnest($1::bigint[]) i"""
+# A closure is written only for a receipt that exists: once a slot's receipts
+# are reclaimed, a late writer for one of them finds nothing to close.
 CLOSE = """INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
-           VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING outcome"""
+           SELECT $1, $2, $3, $4 WHERE EXISTS (
+               SELECT 1 FROM awa_proto.receipts WHERE slot = $1 AND id = $2 AND run_lease = $3)
+           ON CONFLICT DO NOTHING RETURNING outcome"""
 
 
 @pytest.fixture
@@ -124,36 +128,51 @@ async def test_the_first_closure_of_an_attempt_wins(proto: asyncpg.Pool) -> None
 
 async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
         proto: asyncpg.Pool) -> None:
-    async def reclaim(slot: int) -> str:
-        async with proto.acquire() as conn, conn.transaction():
-            await conn.execute("SET LOCAL lock_timeout = '100ms'")
-            return await conn.fetchval("SELECT awa_proto.reclaim($1)", slot)
+    async def reclaim(slot: int) -> list[str]:
+        truncated = []
+        for family in ("receipts", "closures", "ready", "claim_log"):
+            async with proto.acquire() as conn, conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '100ms'")
+                if await conn.fetchval("SELECT awa_proto.reclaim($1, $2::smallint)",
+                                       family, slot):
+                    truncated.append(family)
+        return truncated
 
     await proto.execute(INSERT, [1, 2, 3], 2)  # into slot 0
     first = await claim(proto, 1)
     await proto.execute("UPDATE awa_proto.ring SET slot = 2")
-    assert await reclaim(0) == ""  # two jobs in slot 0 are not claimed yet
+    assert await reclaim(0) == []  # two jobs in slot 0 are not claimed yet
 
     rest = await claim(proto, 10)
     assert [r["id"] for r in rest] == [2, 3]
     # Every job is claimed, but the attempts are open: only the old tick goes.
-    assert await reclaim(0) == " claim_log"
+    assert await reclaim(0) == ["claim_log"]
 
     for r in [*first, *rest]:
         await proto.fetchval(CLOSE, r["receipt_slot"], r["id"], r["run_lease"], 1)
-    assert await reclaim(0) == " receipts ready"
+    assert await reclaim(0) == ["receipts", "closures", "ready"]
     assert await proto.fetchval("SELECT count(*) FROM awa_proto.ready_0") == 0
+    # A late second closure of a reclaimed attempt writes nothing.
+    assert await proto.fetchval(CLOSE, first[0]["receipt_slot"], 1, first[0]["run_lease"], 2) \
+        is None
 
-    # A producer still writing into a slot keeps it: the truncate times out.
+    # A producer still writing into a slot holds reclaiming off until it
+    # commits, and then its job is not truncated but claimed.
     await proto.execute("UPDATE awa_proto.ring SET slot = 4")
     async with proto.acquire() as open_producer:
         tr = open_producer.transaction()
         await tr.start()
         await open_producer.execute(INSERT, [99], 2)
         await proto.execute("UPDATE awa_proto.ring SET slot = 5")
+        await claim(proto, 1)
         with pytest.raises(asyncpg.LockNotAvailableError):
-            async with proto.acquire() as conn, conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '100ms'")
-                await conn.execute("TRUNCATE awa_proto.ready_4")
-        await tr.commit()
+            await reclaim(4)
+        async with proto.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '30s'")
+            waiting = asyncio.create_task(conn.fetchval(
+                "SELECT awa_proto.reclaim('ready', 4::smallint)"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            await tr.commit()
+            assert await waiting is False
     assert [r["id"] for r in await claim(proto)] == [99]

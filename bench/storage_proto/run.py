@@ -30,6 +30,8 @@ COMPLETE = """
 WITH c AS (
     INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
     SELECT s, i, l, 1 FROM unnest($1::smallint[], $2::bigint[], $3::bigint[]) AS u(s, i, l)
+    WHERE EXISTS (SELECT 1 FROM awa_proto.receipts r
+                  WHERE r.slot = u.s AND r.id = u.i AND r.run_lease = u.l)
     ON CONFLICT DO NOTHING RETURNING id, run_lease
 )
 INSERT INTO awa_proto.done (id, queue, kind, args, run_lease, created_at)
@@ -37,6 +39,8 @@ SELECT r.id, r.queue, r.kind, r.args, c.run_lease, r.created_at
 FROM c JOIN unnest($2::bigint[], $4::smallint[]) AS k(id, rs) ON k.id = c.id
 CROSS JOIN LATERAL (SELECT * FROM awa_proto.ready w
                     WHERE w.slot = k.rs AND w.id = k.id LIMIT 1) r"""
+FAMILIES = ("receipts", "closures", "ready", "claim_log")  # closures only after receipts
+RECLAIM = "SELECT awa_proto.reclaim($1, $2::smallint)"
 EMPTY = """SELECT NOT EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = $1)
                  AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = $1)
                  AND NOT EXISTS (SELECT 1 FROM awa_proto.claim_log WHERE slot = $1)"""
@@ -49,6 +53,7 @@ class Stats:
         self.produced = 0
         self.completed = 0
         self.claim_ms: list[float] = []
+        self.deadlocks = 0
 
 
 async def producer(pool: asyncpg.Pool, rate: int, stop: asyncio.Event, st: Stats) -> None:
@@ -72,7 +77,11 @@ async def worker(pool: asyncpg.Pool, batch: int, stop: asyncio.Event, st: Stats)
         complete = await conn.prepare(COMPLETE)
         while not stop.is_set():
             t0 = time.perf_counter()
-            rows = await claim.fetch(batch)
+            try:
+                rows = await claim.fetch(batch)
+            except asyncpg.DeadlockDetectedError:  # must not happen: counted, then fatal
+                st.deadlocks += 1
+                raise
             st.claim_ms.append((time.perf_counter() - t0) * 1000)
             if not rows:
                 await asyncio.sleep(0.005 + random.random() * 0.005)
@@ -82,7 +91,7 @@ async def worker(pool: asyncpg.Pool, batch: int, stop: asyncio.Event, st: Stats)
             st.completed += len(rows)
 
 
-async def rotate(pool: asyncpg.Pool, every: float, stop: asyncio.Event) -> None:
+async def rotate(pool: asyncpg.Pool, every: float, lock_ms: int, stop: asyncio.Event) -> None:
     """Reclaim spent slots (a transaction each, bounded lock wait), then advance the ring."""
     while not stop.is_set():
         try:
@@ -93,15 +102,18 @@ async def rotate(pool: asyncpg.Pool, every: float, stop: asyncio.Event) -> None:
             cur, k = await conn.fetchrow("SELECT slot, slots FROM awa_proto.ring")
             for j in range(1, k - 1):
                 s = (cur + j) % k
-                try:
-                    async with conn.transaction():
-                        await conn.execute("SET LOCAL lock_timeout = '100ms'")
-                        did = await conn.fetchval("SELECT awa_proto.reclaim($1)", s)
+                for family in FAMILIES:
+                    t0 = time.perf_counter()
+                    try:
+                        async with conn.transaction():
+                            await conn.execute(f"SET LOCAL lock_timeout = '{lock_ms}ms'")
+                            did = await conn.fetchval(RECLAIM, family, s)
+                    except asyncpg.LockNotAvailableError:
+                        print(f"   {family}_{s} busy, left for next time", flush=True)
+                        continue
                     if did:
-                        print(f"   reclaimed slot {s}:{did}", flush=True)
-                except asyncpg.LockNotAvailableError:
-                    print(f"   slot {s} busy, left for next time", flush=True)
-                    break
+                        ms = (time.perf_counter() - t0) * 1000
+                        print(f"   reclaimed {family}_{s} in {ms:.0f} ms", flush=True)
                 if await conn.fetchval(EMPTY, s) is not True:
                     break  # oldest first: a slot still in use keeps the newer ones
             nxt = await conn.fetchval("SELECT awa_proto.advance()")
@@ -135,6 +147,8 @@ async def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rotate-every", type=float, default=15)
+    ap.add_argument("--lock-ms", type=int, default=100,
+                    help="how long a TRUNCATE may wait for its lock (claims wait behind it)")
     ap.add_argument("--out", help="write the samples as JSON here")
     ns = ap.parse_args()
     admin = await asyncpg.connect(ns.url)
@@ -144,7 +158,7 @@ async def main() -> None:
     st = Stats()
     total = ns.clean + ns.hold + ns.recovery
     tasks = [asyncio.create_task(producer(pool, ns.rate, stop, st)),
-             asyncio.create_task(rotate(pool, ns.rotate_every, stop)),
+             asyncio.create_task(rotate(pool, ns.rotate_every, ns.lock_ms, stop)),
              asyncio.create_task(hold_xmin(ns.url, ns.clean, ns.hold, stop))]
     tasks += [asyncio.create_task(worker(pool, ns.batch, stop, st)) for _ in range(ns.workers)]
     samples = []
@@ -164,7 +178,9 @@ async def main() -> None:
         samples.append(row)
         print(json.dumps(row), flush=True)
     stop.set()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    for result in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(result, BaseException):
+            print("task failed:", repr(result), flush=True)
     await pool.close()
     await admin.close()
     if ns.out:

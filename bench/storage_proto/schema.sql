@@ -204,46 +204,56 @@ BEGIN
     VALUES (p_queue, n_new, s_now, ticks, xs, ids);
 END $$;
 
--- Maintenance, one call per slot (but the current one and the one before),
--- each in a transaction of its own: a TRUNCATE holds its ACCESS EXCLUSIVE
--- lock until commit, and a claim waiting for it must not wait long. A slot's
--- tables are truncated when every row in them is spent: ready rows all in
--- ticks every lane has passed and none read by an open attempt; receipts
--- all closed; claim_log rows older than the oldest lane cursor needs.
-CREATE FUNCTION awa_proto.reclaim(s smallint) RETURNS text
+-- Maintenance: reclaim one table of one slot, in a transaction of its own
+-- (the caller sets a short lock_timeout). The lock comes first, so the check
+-- after it sees every row that will ever be in the table (a writer still open
+-- would hold the lock off), and a transaction holds one exclusive lock and
+-- waits for nothing else: reclaiming cannot deadlock with claims or
+-- completions, which a truncate of several tables at once did.
+--   receipts_s: every receipt has its closure.
+--   closures_s: receipts_s is empty (a closure is only written for a receipt
+--               that exists, so none can arrive after this).
+--   ready_s:    every row is in a tick that every lane has passed, and no
+--               open attempt (in any slot) still reads it.
+--   claim_log_s: every tick is older than the oldest lane cursor needs.
+CREATE FUNCTION awa_proto.reclaim(family text, s smallint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     min_tick bigint;
     spent    pg_snapshot;
-    done     text := '';
+    ok       boolean;
 BEGIN
+    IF family NOT IN ('ready', 'receipts', 'closures', 'claim_log') THEN
+        RAISE EXCEPTION 'no such table family: %', family;
+    END IF;
+    EXECUTE format('LOCK TABLE awa_proto.%I IN ACCESS EXCLUSIVE MODE', family || '_' || s);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM awa_proto.%I)', family || '_' || s) INTO ok;
+    IF NOT ok THEN
+        RETURN false;  -- empty already
+    END IF;
     SELECT min(t) INTO min_tick FROM (
         SELECT DISTINCT ON (queue) cur_tick FROM awa_proto.claim_log ORDER BY queue, n DESC) c,
         unnest(c.cur_tick) t;
     SELECT c.snap INTO spent FROM awa_proto.claim_log c WHERE c.n = min_tick - 1;
-    IF EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = s) AND NOT EXISTS (
+    ok := CASE family
+        WHEN 'receipts' THEN NOT EXISTS (
             SELECT 1 FROM awa_proto.receipts r WHERE r.slot = s AND NOT EXISTS (
                 SELECT 1 FROM awa_proto.closures c
-                WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease)) THEN
-        EXECUTE format('TRUNCATE awa_proto.receipts_%s, awa_proto.closures_%s', s, s);
-        done := done || ' receipts';
+                WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease))
+        WHEN 'closures' THEN NOT EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = s)
+        WHEN 'ready' THEN spent IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM awa_proto.ready r WHERE r.slot = s
+                            AND NOT pg_visible_in_snapshot(r.xid, spent))
+            AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts r WHERE r.ready_slot = s
+                            AND NOT EXISTS (SELECT 1 FROM awa_proto.closures c
+                                WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))
+        ELSE min_tick IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM awa_proto.claim_log c WHERE c.slot = s AND c.n >= min_tick - 1)
+    END;
+    IF ok THEN
+        EXECUTE format('TRUNCATE awa_proto.%I', family || '_' || s);
     END IF;
-    IF spent IS NOT NULL
-       AND EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = s)
-       AND NOT EXISTS (SELECT 1 FROM awa_proto.ready r WHERE r.slot = s
-                       AND NOT pg_visible_in_snapshot(r.xid, spent))
-       AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts r WHERE r.ready_slot = s
-                       AND NOT EXISTS (SELECT 1 FROM awa_proto.closures c
-                           WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)) THEN
-        EXECUTE format('TRUNCATE awa_proto.ready_%s', s);
-        done := done || ' ready';
-    END IF;
-    IF min_tick IS NOT NULL AND EXISTS (SELECT 1 FROM awa_proto.claim_log WHERE slot = s)
-       AND NOT EXISTS (SELECT 1 FROM awa_proto.claim_log c WHERE c.slot = s AND c.n >= min_tick - 1) THEN
-        EXECUTE format('TRUNCATE awa_proto.claim_log_%s', s);
-        done := done || ' claim_log';
-    END IF;
-    RETURN done;
+    RETURN ok;
 END $$;
 
 -- Move the ring on when the next slot is empty.
