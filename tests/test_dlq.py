@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
+from awa.telemetry.signals import Signals
 
 S = awa.JobState
 
@@ -156,7 +157,8 @@ async def test_retry_failed_discard_failed_dump_run(client: awa.AsyncClient) -> 
         await client.get_job(other.id)
 
 
-async def test_cancel_running_job_is_seen_promptly(client: awa.AsyncClient) -> None:
+async def test_cancel_running_job_is_seen_promptly(client: awa.AsyncClient,
+                                                  signals: Signals) -> None:
     seen = asyncio.Event()
 
     @client.task(Charge)
@@ -176,7 +178,7 @@ async def test_cancel_running_job_is_seen_promptly(client: awa.AsyncClient) -> N
     await client.cancel(job.id)
     await asyncio.wait_for(seen.wait(), timeout=5)
     assert loop.time() - t0 < 2.0
-    await asyncio.sleep(0.2)
+    await signals.outcome(job.id)  # the handler's late completion, found stale
     assert (await client.get_job(job.id)).state is S.Cancelled
 
 

@@ -68,9 +68,9 @@ class Signals:
     async def wait(self, name: str | tuple[str, ...], *, since: int | None = None, count: int = 1,
                    timeout: float = 15.0, where: Callable[[Signal], bool] | None = None,
                    **match: Any) -> Signal:
-        """Wait for the ``count``-th event ``name`` (or any of several) announced after ``since`` (default:
-        now) whose data has the values in ``match`` and passes ``where``; returns it.
-        Fails the test (AssertionError) after ``timeout`` seconds."""
+        """Wait for the ``count``-th event ``name`` (or any of several names) announced
+        after ``since`` (default: now) whose data has the values in ``match`` and passes
+        ``where``; returns it. Fails the test (AssertionError) after ``timeout`` seconds."""
         names = (name,) if isinstance(name, str) else name
         loop = asyncio.get_running_loop()
         seen = self.mark() if since is None else since
