@@ -367,3 +367,28 @@ async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(
     assert await partitions() == set()
     assert cleanup.pruned - before == 150  # type: ignore[attr-defined]
     assert await conn.fetchval("SELECT count(*) FROM awa.unique_claims") == 0
+
+
+async def test_held_connection_survives_a_backend_killed_while_idle(database_url: str) -> None:
+    """The claim loop's and the completion writer's held connection: when the server
+    ends it between statements (a restart, pg_terminate_backend), the next statement
+    runs on a fresh connection instead of failing once with "released back to the pool"."""
+    from awa.db.pool import HeldConnection
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    killer = await asyncpg.connect(database_url)
+    try:
+        held = HeldConnection(pool)
+        pid = (await held.fetch("SELECT pg_backend_pid() AS pid"))[0]["pid"]
+        await killer.execute("SELECT pg_terminate_backend($1)", pid)
+
+        async def released() -> bool:
+            return "released" in repr(held._conn)
+        await wait_until(released, message="asyncpg to notice the killed backend")
+        rows = await held.fetch("SELECT pg_backend_pid() AS pid")
+        assert rows[0]["pid"] != pid
+        assert await held.execute("SELECT 1") == "SELECT 1"
+        await held.release()
+    finally:
+        await killer.close()
+        await pool.close()
