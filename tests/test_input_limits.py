@@ -4,14 +4,19 @@ cap are refused before anything is written, on every path a value enters by."""
 from __future__ import annotations
 
 import json
+import secrets
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
+from tests.test_callbacks import _post
 
 import awa
+import awa.web
+from awa import callback_contract
 from awa.core import serialize, states
 from awa.enqueue import bridge
 
@@ -144,3 +149,31 @@ def test_payload_cap_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert json.loads(serialize.dumps({"a": 1}, "args")) == {"a": 1}
 
 
+
+
+@pytest.mark.parametrize("text", ["[" * 129 + "]" * 129, b"[" * 5000 + b"]" * 5000])
+def test_json_input_nested_too_deeply_names_its_field(text: str | bytes) -> None:
+    with pytest.raises(awa.ValidationError) as err:
+        serialize.loads(text, "body")
+    assert (err.value.field, err.value.rule) == ("body", serialize.JSON_TOO_DEEP)
+
+
+def test_json_input_that_is_not_json_names_its_field() -> None:
+    with pytest.raises(awa.ValidationError) as err:
+        serialize.loads("{nope", "--args")
+    assert (err.value.field, err.value.rule) == ("--args", serialize.NOT_JSON)
+    assert isinstance(err.value.__cause__, json.JSONDecodeError)  # says where it broke
+    assert serialize.loads(b'{"a": [[1]]}', "body") == {"a": [[1]]}
+    assert serialize.loads("[" * 128 + "]" * 128, "body")  # up to the limit parses
+
+
+async def test_callback_bodies_too_deep_or_not_json_are_refused_by_name(
+        client: awa.AsyncClient) -> None:
+    secret = secrets.token_bytes(32)
+    app = awa.web.callback_app(client, secret=secret, accept_legacy_signatures=True)
+    cid = str(uuid.uuid4())
+    signature = callback_contract.sign(secret, cid)
+    for body, error in ((b'{"p":' + b"[" * 200 + b"]" * 200 + b"}", "body is nested too deeply"),
+                        (b"{nope", "body is not JSON")):
+        assert await _post(app, f"/api/callbacks/{cid}/complete", body, signature) == \
+            (400, {"error": error})

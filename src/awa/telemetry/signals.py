@@ -89,9 +89,9 @@ class Signals:
                 self._waiters.append((loop, future))
             remaining = deadline - loop.time()
             if remaining <= 0:
-                names = sorted({s.name for s in self.history})
+                heard = sorted({s.name for s in self.history})
                 raise AssertionError(f"timed out after {timeout}s waiting for {count} "
-                                     f"{name!r} signal(s) {match or ''}; heard: {names}")
+                                     f"{name!r} signal(s) {match or ''}; heard: {heard}")
             try:
                 async with asyncio.timeout(remaining):
                     await future
