@@ -13,6 +13,7 @@ from tests.helpers import FAST, idle_task, spawn_worker, wait_until
 import awa
 from awa.core.model import Outcome
 from awa.db.queries import queries
+from awa.telemetry.signals import Signals
 from awa.worker.completion import Completer
 
 
@@ -146,7 +147,7 @@ async def _is_leader(c: awa.AsyncClient) -> bool:
     return c.runtime is not None and c.runtime.leader.is_leader
 
 
-async def test_graceful_shutdown(client: awa.AsyncClient) -> None:
+async def test_graceful_shutdown(client: awa.AsyncClient, signals: Signals) -> None:
     release = asyncio.Event()
     started: list[float] = []
 
@@ -164,7 +165,7 @@ async def test_graceful_shutdown(client: awa.AsyncClient) -> None:
     await wait_until(lambda: _true_if(len(started) == 2), message="both handlers to start")
     late = await client.insert(Sleepy(0.1))
     shutdown = asyncio.create_task(client.shutdown(timeout_ms=1500))
-    await asyncio.sleep(0.2)
+    await signals.wait("stopped", queue="default")  # the claim loop is over
     release.set()  # the quick handler finishes during shutdown
     await shutdown
     assert (await client.get_job(quick.id)).state is awa.JobState.Completed

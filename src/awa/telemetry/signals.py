@@ -2,10 +2,10 @@
 
 A test that must show something does *not* happen ("the job stays scheduled",
 "the other job of the key waits") used to sleep and hope the service had run
-meanwhile. Instead, the claim loops (``claim``: queue, jobs), the completer
-(``flush``: the batch; ``write``: one outcome) and every periodic service
-(``pass``: service, when it started) announce what they did, and the test
-awaits the event it needs with a timeout (`Signals.wait`, `Signals.pass_after`).
+meanwhile. Instead, the claim loops (``claim``: queue, jobs; ``stopped``: queue),
+the completer (``flush``: the batch; ``write``: one outcome) and every periodic
+service (``pass``: service, when it started) announce what they did, and the
+test awaits the event it needs with a timeout (`Signals.wait`, `Signals.pass_after`).
 
 Nothing listens outside tests: a hook is one call and a None check. A listener
 (`listening`) is process-wide and thread-safe, so it hears every client of the

@@ -171,6 +171,7 @@ class Dispatcher:
             finally:
                 if isinstance(self._db, HeldConnection):
                     await self._db.release()
+                signals.emit("stopped", queue=self.cfg.name)
 
     async def _loop(self) -> None:
         name = self.cfg.name
