@@ -5,18 +5,19 @@ the instructions its server process executes move ±2 %. Start a throwaway
 cluster under callgrind, collecting only inside the statement-execution entry
 points (the names are exported, so a stripped binary will do)::
 
-    initdb -D /tmp/cg/data -A trust -U postgres   # as the postgres user
-    # port = 5491, autovacuum = off in /tmp/cg/data/postgresql.conf
+    CG="$(mktemp -d)"   # a scratch directory the postgres user can write
+    initdb -D "$CG/data" -A trust -U postgres   # as the postgres user
+    # port = 5491, autovacuum = off in $CG/data/postgresql.conf
     valgrind --tool=callgrind --trace-children=yes --collect-atstart=no \\
         --toggle-collect=PortalStart --toggle-collect=PortalRun \\
         --toggle-collect=PortalDrop --toggle-collect=GetCachedPlan \\
         --toggle-collect=CommitTransactionCommand \\
-        --callgrind-out-file=/tmp/cg/out.%p postgres -D /tmp/cg/data
+        --callgrind-out-file="$CG/out.%p" postgres -D "$CG/data"
 
 then::
 
     python bench/claim_ir.py --database-url postgresql://postgres@127.0.0.1:5491/postgres \\
-        --out /tmp/cg --keys 0,1,100,10000 [--src <other tree>] [--statement NAME]
+        --out "$CG" --keys 0,1,100,10000 [--src <other tree>] [--statement NAME]
 
 Each scenario is a fresh database with N jobs COPYed in (K keys,
 ``max_in_flight=1000``), VACUUM ANALYZE, then one connection with the claim

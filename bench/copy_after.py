@@ -4,7 +4,7 @@
                                [--database-url URL]
 
 ``--baseline-src``: the ``src`` directory of the checkout to compare with
-(e.g. ``git archive main src | tar -x -C /tmp/base``). Each measurement runs in
+(e.g. ``git archive main src | tar -x -C ../base``). Each measurement runs in
 its own interpreter importing one checkout's ``awa`` (by ``PYTHONPATH``), on
 the same database, baseline and this checkout alternating round by round;
 medians are reported, with the ratio this/baseline, in

@@ -1,6 +1,6 @@
 """What job dependencies cost, and what they cost jobs that do not use them.
 
-    python bench/dependencies.py [--main-python /work/main/.venv/bin/python]
+    python bench/dependencies.py [--main-python ../main/.venv/bin/python]
                                  [--jobs N] [--rounds R] [--database-url URL]
 
 Runs the same measurements with two interpreters, each importing its own
@@ -198,7 +198,9 @@ def _run_child(python: str, args: argparse.Namespace, db: str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--main-python", default="/work/main/.venv/bin/python")
+    parser.add_argument("--main-python", default=sys.executable,
+                        help="an interpreter whose awa is the baseline, e.g. a main "
+                             "checkout's venv (default: this one, an A/A run)")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--database-url", default=os.environ.get(

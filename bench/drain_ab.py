@@ -1,7 +1,7 @@
 """Unkeyed drain A/B between two source trees: the hot-path cost of a change.
 
     python bench/drain_ab.py --baseline /path/to/old/checkout            # 9 rounds, 100,000 jobs
-    python bench/drain_ab.py --baseline /tmp/old --rounds 5 --jobs 20000
+    python bench/drain_ab.py --baseline ../old --rounds 5 --jobs 20000
 
 Issue 33 asks that features a job does not use cost it at most 3% of drain
 throughput. Each trial is a fresh database and a fresh process whose

@@ -1,7 +1,7 @@
 """Server-side cost of one claim, keyed against unkeyed: steadier than a drain.
 
     python bench/keyed_claim_profile.py                    # this tree: 0, 1, 100, 10,000 keys
-    python bench/keyed_claim_profile.py --src /tmp/old     # another tree's SQL, same harness
+    python bench/keyed_claim_profile.py --src ../old       # another tree's SQL, same harness
     python bench/keyed_claim_profile.py --explain          # also EXPLAIN (ANALYZE, BUFFERS)
 
 A drain on a shared machine swings by ±40 % between runs; the time a claim

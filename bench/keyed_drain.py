@@ -1,8 +1,8 @@
 """Drain throughput of keyed jobs (per-key concurrency) against unkeyed ones.
 
     python bench/keyed_drain.py                      # this tree: unkeyed, 1, 100, 10,000 keys
-    python bench/keyed_drain.py --main /work/main    # also main's unkeyed drain, alternating
-    python bench/keyed_drain.py --baseline /tmp/old  # every scenario on another tree too
+    python bench/keyed_drain.py --main ../main       # also main's unkeyed drain, alternating
+    python bench/keyed_drain.py --baseline ../old    # every scenario on another tree too
 
 Each trial is a fresh database and a fresh process (``PYTHONPATH`` picks the
 source tree, so main and this branch run the same harness): N jobs are

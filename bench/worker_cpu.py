@@ -1,7 +1,7 @@
 """Where a drain's CPU goes: the worker process against PostgreSQL, per job.
 
     python bench/worker_cpu.py                                  # this tree, 100,000 jobs, 3 rounds
-    python bench/worker_cpu.py --src old=/tmp/old --src new=.   # A/B, alternating, medians
+    python bench/worker_cpu.py --src old=../old --src new=.   # A/B, alternating, medians
     python bench/worker_cpu.py --rounds 1 --py-spy out.svg      # also a flame graph of the worker
 
 Runs in the dev venv (``.venv/bin/python bench/worker_cpu.py``). Each drain

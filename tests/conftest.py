@@ -23,6 +23,7 @@ from tests.browser import page  # noqa: F401  (the browser tests' fixture)
 import awa
 from awa.db import migrations
 from awa.db.pool import init_connection
+from awa.telemetry.signals import Signals, listening
 
 _counter = itertools.count()
 
@@ -124,6 +125,14 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture
+def signals() -> Iterator[Signals]:
+    """What the claim loops, the completer and the services announce during the test:
+    wait on these instead of sleeping (`awa.telemetry.signals`)."""
+    with listening() as heard:
+        yield heard
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ cycle is still a cycle). docs/architecture.md draws the layers.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -202,11 +203,44 @@ def test_the_architecture_doc_draws_every_module() -> None:
     assert missing == []
 
 
+#: A module's entry in docs/architecture.md's module list: ``- `path` — summary``.
+DOC_ENTRY = re.compile(r"^- `awa/(?P<path>[^`]+\.py)` — (?P<summary>.+)$", re.MULTILINE)
+
+
+def _summary(path: Path) -> str | None:
+    """A module's description: its docstring's first paragraph on one line (None: no
+    docstring, allowed only for an empty file)."""
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    return " ".join(doc.split("\n\n")[0].split()) if doc else None
+
+
+def _doc_entries() -> dict[str, str]:
+    doc = (SRC.parent / "docs" / "architecture.md").read_text()
+    return {m["path"]: m["summary"] for m in DOC_ENTRY.finditer(doc)}
+
+
+def test_the_architecture_doc_describes_each_module_as_its_docstring_does() -> None:
+    """docs/architecture.md lists every module with its docstring's first paragraph,
+    word for word: a module added, removed or redescribed fails here until the list
+    says the same (the message has the lines to paste)."""
+    listed = _doc_entries()
+    wrong = []
+    for path in sorted((SRC / "awa").rglob("*.py")):
+        name = path.relative_to(SRC / "awa").as_posix()
+        summary = _summary(path)
+        if summary is None:
+            if path.read_text().strip():
+                wrong.append(f"{name}: a module needs a docstring")
+            continue
+        if listed.pop(name, None) != summary:
+            wrong.append(f"- `awa/{name}` — {summary}")
+    wrong += [f"listed but no such module: awa/{name}" for name in listed]
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_comments_cite_only_what_this_repository_holds() -> None:
     """A rule is said where it applies, or cites a doc of this repository: the
     design spec's sections and ADR numbers are not here for a reader to follow."""
-    import re
-
     cite = re.compile(r"spec §|\bADR-?\d+")
     found = [f"{path.relative_to(SRC.parent)}:{n}"
              for root in (SRC / "awa", SRC.parent / "docs", SRC.parent / "tests")

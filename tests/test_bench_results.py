@@ -1,8 +1,9 @@
-"""Committed benchmark results name no machine's directories.
+"""Committed benchmark results and scripts name no machine's directories.
 
-Logs, manifests and notes under bench/results are read on other machines:
-paths in them are repository-relative, or a placeholder such as
-``<harness-clone>`` (bench/harness/run_harness.py writes them that way).
+Logs, manifests and notes under bench/results, and the scripts in bench/, are
+read and run on other machines: paths in them are repository-relative, or a
+placeholder such as ``<harness-clone>`` (bench/harness/run_harness.py writes
+them that way).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ RESULTS = REPO / "bench" / "results"
 MACHINE_PATH = re.compile(r"(?<![\w.~<>-])/(?:work|tmp|root|home)/")
 
 
-def _committed() -> list[Path]:
+def _committed(folder: str = "bench/results") -> list[Path]:
     try:
-        listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "bench/results"],
+        listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", folder],
                                 capture_output=True, check=True).stdout.decode()
         return [REPO / name for name in listed.split("\0") if name]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout
-        return [p for p in RESULTS.rglob("*") if p.is_file()]
+        return [p for p in (REPO / folder).rglob("*") if p.is_file()
+                and ".venvs" not in p.parts]
 
 
 def _text(path: Path) -> str | None:
@@ -46,6 +48,16 @@ def test_committed_results_name_no_machine_path() -> None:
         for n, line in enumerate((text or "").splitlines(), 1):
             if MACHINE_PATH.search(line):
                 found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()[:120]}")
+    assert found == []
+
+
+def test_bench_scripts_name_no_machine_path() -> None:
+    """Their usage text and defaults are relative to the repository (``../main``) or
+    the running interpreter (``sys.executable``): the scripts run on other machines."""
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()[:120]}"
+             for path in _committed("bench") if path.suffix == ".py"
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if MACHINE_PATH.search(line)]
     assert found == []
 
 

@@ -15,6 +15,7 @@ from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
 from awa.core import callback_contract
+from awa.telemetry.signals import Signals
 
 S = awa.JobState
 
@@ -277,7 +278,8 @@ async def test_timeout_rescue_retries_and_tells_live_waiter(client: awa.AsyncCli
     assert done.errors[0]["error"] == "callback timed out"
 
 
-async def test_cancel_and_external_completion_during_wait(client: awa.AsyncClient) -> None:
+async def test_cancel_and_external_completion_during_wait(client: awa.AsyncClient,
+                                                          signals: Signals) -> None:
     aborted: dict[int, BaseException] = {}
     late_writes: list[int] = []
     tokens: dict[int, str] = {}
@@ -303,7 +305,8 @@ async def test_cancel_and_external_completion_during_wait(client: awa.AsyncClien
     await client.complete_external(tokens[completed.id], "external")
     await wait_until(lambda: _true(len(late_writes) == 2))
     assert set(aborted) == {cancelled.id, completed.id}
-    await asyncio.sleep(0.3)
+    for j in (cancelled, completed):
+        await signals.outcome(j.id)  # the late write was tried, and found nothing to change
     assert (await client.get_job(cancelled.id)).state is S.Cancelled
     assert (await client.get_job(completed.id)).state is S.Completed
 

@@ -253,3 +253,10 @@ async def test_health_database_unreachable(database_url: str) -> None:
     down = awa_cli("postgresql://postgres@127.0.0.1:1/postgres", "health", "--timeout", "5")
     assert down.returncode == 1 and down.stderr.startswith("error: database unreachable")
     assert len(down.stderr.strip().splitlines()) == 1 and down.stdout == ""
+
+
+def test_worker_help_names_the_deadline() -> None:
+    out = subprocess.run([sys.executable, "-m", "awa", "worker", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "5 minutes" in out and "deadline_duration_ms" in out
+    assert "--log-level" in out and "--log-format" in out

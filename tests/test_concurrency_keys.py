@@ -19,6 +19,7 @@ from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
 from awa.db.queries import queries
+from awa.telemetry.signals import Signals
 
 S = awa.JobState
 
@@ -343,8 +344,8 @@ async def test_rescued_job_keeps_key_and_frees_its_slot(client: awa.AsyncClient,
 
 
 async def test_waiting_in_place_keeps_the_slot_parking_frees_it(client: awa.AsyncClient,
-                                                                conn: asyncpg.Connection
-                                                                ) -> None:
+                                                                conn: asyncpg.Connection,
+                                                                signals: Signals) -> None:
     tokens: dict[int, str] = {}
     finished: list[int] = []
 
@@ -372,7 +373,7 @@ async def test_waiting_in_place_keeps_the_slot_parking_frees_it(client: awa.Asyn
     # A parked job gave its slot back: the next job of its key ran.
     await wait_for_state(client, follower.id, S.Completed)
     # A handler waiting in place still holds its slot: the other job waits.
-    await asyncio.sleep(0.3)  # several claim loops (FAST polls every 50 ms)
+    await signals.claims("tenants", count=3)  # three claims since, none took it
     assert (await client.get_job(blocked.id)).state is S.Available
     await client.resume_external(tokens[1], {"ok": True})
     await wait_for_state(client, blocked.id, S.Completed)

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
+from awa.telemetry.signals import Signals
 
 S = awa.JobState
 
@@ -68,8 +69,8 @@ def _raise() -> None:
     raise RuntimeError("handler error")
 
 
-async def test_guard_miss_discards_staged(client: awa.AsyncClient,
-                                          conn: asyncpg.Connection) -> None:
+async def test_guard_miss_discards_staged(client: awa.AsyncClient, conn: asyncpg.Connection,
+                                          signals: Signals) -> None:
     release = asyncio.Event()
 
     @client.task(StageA)
@@ -82,9 +83,7 @@ async def test_guard_miss_discards_staged(client: awa.AsyncClient,
     await wait_for_state(client, job.id, S.Running)
     await client.cancel(job.id)  # taken over before the handler completes
     release.set()
-    await asyncio.sleep(0.3)
-    assert client.runtime is not None
-    await client.runtime.completer.drain()
+    await signals.outcome(job.id)  # the completer found the lease taken over
     assert await _count_b(conn) == 0
     assert (await client.get_job(job.id)).state is S.Cancelled
 
@@ -182,7 +181,8 @@ async def test_wait_for_callback_return_discards_with_warning(
 
 
 async def test_staged_kept_across_in_handler_waits(client: awa.AsyncClient,
-                                                   conn: asyncpg.Connection) -> None:
+                                                   conn: asyncpg.Connection,
+                                                   signals: Signals) -> None:
     tokens: dict[int, str] = {}
 
     @client.task(StageA)
@@ -201,7 +201,7 @@ async def test_staged_kept_across_in_handler_waits(client: awa.AsyncClient,
     await client.resume_external(tokens[resumed.id], "go")
     await client.complete_external(tokens[completed_externally.id], "done elsewhere")
     await wait_for_state(client, resumed.id, S.Completed)
-    await asyncio.sleep(0.3)
+    await signals.outcome(completed_externally.id)  # its handler's late completion
     assert [b["args"] for b in await _bs(conn)] == [{"item": 1}, {"item": 101}]
 
 
@@ -232,7 +232,7 @@ async def test_deduplication_across_many_triggers_and_workers(
 
 
 async def test_follow_up_colliding_with_its_trigger_is_skipped(
-        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+        client: awa.AsyncClient, conn: asyncpg.Connection, signals: Signals) -> None:
     @client.task(StageA)
     async def handle(job: awa.JobContext) -> None:
         job.enqueue_on_completion(StageA(job.args.n), unique_opts={})  # same key as itself
@@ -240,12 +240,12 @@ async def test_follow_up_colliding_with_its_trigger_is_skipped(
     job = await client.insert(StageA(5), unique_opts={})
     await client.start([("default", 1)], **FAST)
     await wait_for_state(client, job.id, S.Completed)
-    await asyncio.sleep(0.2)
+    await signals.outcome(job.id)  # the whole flush, follow-ups included, is over
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE kind = 'stage_a'") == 1
 
 
 async def test_rejected_insert_rolls_the_completion_back(
-        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+        client: awa.AsyncClient, conn: asyncpg.Connection, signals: Signals) -> None:
     await conn.execute("""
         CREATE FUNCTION reject_b() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -265,7 +265,7 @@ async def test_rejected_insert_rolls_the_completion_back(
     await wait_until(lambda: _true(client.runtime is not None and
                                    not client.runtime._attempts and
                                    client.runtime.dispatchers["default"].claimed == 1))
-    await asyncio.sleep(0.3)
+    await signals.outcome(job.id)  # tried in a batch, then alone: rolled back both times
     assert (await client.get_job(job.id)).state is S.Running  # left for rescue
     assert await _count_b(conn) == 0
 

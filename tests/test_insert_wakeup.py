@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import wait_until
 
 import awa
+from awa.telemetry.signals import Signals
 
 
 @dataclasses.dataclass
@@ -110,7 +111,8 @@ async def test_other_writers_plain_insert_notifies(
 
 @pytest.mark.parametrize("path", ["insert", "transaction", "insert_many_copy",
                                   "enqueue_many_copy", "plain_sql"])
-async def test_idle_worker_wakes_promptly(database_url: str, path: str) -> None:
+async def test_idle_worker_wakes_promptly(database_url: str, path: str,
+                                          signals: Signals) -> None:
     """A worker polling once a minute runs a new job well within that minute."""
     done = asyncio.Event()
     async with awa.AsyncClient(database_url) as worker:
@@ -120,7 +122,7 @@ async def test_idle_worker_wakes_promptly(database_url: str, path: str) -> None:
 
         await worker.start([("wake", 1)], poll_interval_ms=60_000)
         try:
-            await asyncio.sleep(0.3)  # the dispatcher's first (empty) poll is over
+            await signals.wait("claim", queue="wake", since=0)  # its first claim (empty)
             async with awa.AsyncClient(database_url) as producer:
                 if path == "insert":
                     await producer.insert(Ping(1), queue="wake")

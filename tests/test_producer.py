@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime, timedelta, timezone
+import enum
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 
 import asyncpg
 import pydantic
 import pytest
+from tests.helpers import FAST, wait_for_state
 
 import awa
 from awa.core import serialize, states
@@ -293,3 +300,65 @@ async def test_oversized_tags_and_parent_ids_are_refused(
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
     tag = "t" * states.TAG_MAX_LEN  # the longest allowed
     assert (await client.insert(SendEmail("z"), tags=[tag])).tags == [tag]
+
+
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local time zone is New York for the test."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+async def test_naive_run_at_is_local_time(client: awa.AsyncClient, new_york: None) -> None:
+    in_ten = datetime.now() + timedelta(minutes=10)  # naive, New York wall clock
+    job = await client.insert({"a": 1}, kind="k", run_at=in_ten)
+    assert job.state is awa.JobState.Scheduled
+    expected = datetime.now(UTC) + timedelta(minutes=10)
+    assert abs(job.run_at_datetime - expected) < timedelta(seconds=5)
+    assert job.run_at_datetime == datetime.fromtimestamp(in_ten.timestamp(), UTC)
+
+
+class Tier(enum.Enum):
+    GOLD = "gold"
+    SILVER = "silver"
+
+
+@dataclass
+class Address:
+    city: str
+    since: date
+
+
+@dataclass
+class Invoice:
+    at: datetime
+    due: date
+    amount: Decimal
+    ref: uuid.UUID
+    tier: Tier
+    address: Address
+    lines: tuple[int, ...]
+    note: str | None = None
+
+
+async def test_typed_args_come_back_typed(client: awa.AsyncClient) -> None:
+    sent = Invoice(at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), due=date(2026, 2, 1),
+                   amount=Decimal("12.30"), ref=uuid.uuid4(), tier=Tier.GOLD,
+                   address=Address("Oslo", date(2020, 5, 17)), lines=(1, 2))
+    got: list[Invoice] = []
+
+    @client.task(Invoice, queue="q")
+    async def handle(job: awa.Job) -> None:
+        got.append(job.args)
+
+    job = await client.insert(sent, queue="q")
+    await client.start([("q", 1)], **FAST)
+    try:
+        await wait_for_state(client, job.id, awa.JobState.Completed)
+    finally:
+        await client.shutdown()
+    assert got == [sent]
+    assert isinstance(got[0].amount, Decimal) and isinstance(got[0].address, Address)

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import FAST, spawn_worker, wait_until
 
 import awa
+from awa.telemetry.signals import Signals
 
 S = awa.JobState
 
@@ -136,7 +137,7 @@ async def test_checkpoint_survives_sigkill(client: awa.AsyncClient, database_url
 
 
 async def test_heartbeat_skips_a_locked_row_and_keeps_its_progress(
-        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+        client: awa.AsyncClient, conn: asyncpg.Connection, signals: Signals) -> None:
     """A heartbeat never waits for a row lock (so it cannot deadlock with a
     completion batch): the other attempts are still beaten, and the locked one
     keeps its attempt and its buffered progress, written by the first beat
@@ -159,7 +160,7 @@ async def test_heartbeat_skips_a_locked_row_and_keeps_its_progress(
         before = await conn.fetchval(beat_sql + " FOR UPDATE", locked.id)
         other_before = await conn.fetchval(beat_sql, other.id)
         contexts[locked.id].set_progress(55, "while locked")
-        await asyncio.sleep(0.5)  # five heartbeat intervals
+        await signals.pass_after("heartbeat", count=3)  # three whole beats while locked
         assert not contexts[locked.id].is_cancelled()  # not mistaken for a lost attempt
         assert await conn.fetchval(beat_sql, locked.id) == before
         assert await conn.fetchval(beat_sql, other.id) > other_before  # not held up

@@ -13,6 +13,7 @@ from tests.helpers import FAST, idle_task, spawn_worker, wait_until
 import awa
 from awa.core.model import Outcome
 from awa.db.queries import queries
+from awa.telemetry.signals import Signals
 from awa.worker.completion import Completer
 
 
@@ -146,7 +147,7 @@ async def _is_leader(c: awa.AsyncClient) -> bool:
     return c.runtime is not None and c.runtime.leader.is_leader
 
 
-async def test_graceful_shutdown(client: awa.AsyncClient) -> None:
+async def test_graceful_shutdown(client: awa.AsyncClient, signals: Signals) -> None:
     release = asyncio.Event()
     started: list[float] = []
 
@@ -164,7 +165,7 @@ async def test_graceful_shutdown(client: awa.AsyncClient) -> None:
     await wait_until(lambda: _true_if(len(started) == 2), message="both handlers to start")
     late = await client.insert(Sleepy(0.1))
     shutdown = asyncio.create_task(client.shutdown(timeout_ms=1500))
-    await asyncio.sleep(0.2)
+    await signals.wait("stopped", queue="default")  # the claim loop is over
     release.set()  # the quick handler finishes during shutdown
     await shutdown
     assert (await client.get_job(quick.id)).state is awa.JobState.Completed
@@ -367,3 +368,28 @@ async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(
     assert await partitions() == set()
     assert cleanup.pruned - before == 150  # type: ignore[attr-defined]
     assert await conn.fetchval("SELECT count(*) FROM awa.unique_claims") == 0
+
+
+async def test_held_connection_survives_a_backend_killed_while_idle(database_url: str) -> None:
+    """The claim loop's and the completion writer's held connection: when the server
+    ends it between statements (a restart, pg_terminate_backend), the next statement
+    runs on a fresh connection instead of failing once with "released back to the pool"."""
+    from awa.db.pool import HeldConnection
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    killer = await asyncpg.connect(database_url)
+    try:
+        held = HeldConnection(pool)
+        pid = (await held.fetch("SELECT pg_backend_pid() AS pid"))[0]["pid"]
+        await killer.execute("SELECT pg_terminate_backend($1)", pid)
+
+        async def released() -> bool:
+            return "released" in repr(held._conn)
+        await wait_until(released, message="asyncpg to notice the killed backend")
+        rows = await held.fetch("SELECT pg_backend_pid() AS pid")
+        assert rows[0]["pid"] != pid
+        assert await held.execute("SELECT 1") == "SELECT 1"
+        await held.release()
+    finally:
+        await killer.close()
+        await pool.close()

@@ -16,6 +16,7 @@ from tests.helpers import FAST, idle_task, wait_until
 import awa
 from awa.db.pool import create_pool
 from awa.db.queries import queries
+from awa.telemetry.signals import Signals
 from awa.worker.completion import Completer
 
 TERMINAL = {awa.JobState.Completed, awa.JobState.Failed, awa.JobState.Cancelled}
@@ -251,7 +252,7 @@ async def test_rate_limit(client: awa.AsyncClient) -> None:
     assert starts[-1] - starts[0] >= 0.4
 
 
-async def test_paused_queue_is_not_claimed(client: awa.AsyncClient) -> None:
+async def test_paused_queue_is_not_claimed(client: awa.AsyncClient, signals: Signals) -> None:
     ran: list[int] = []
 
     @client.task(Step, queue="p")
@@ -264,16 +265,11 @@ async def test_paused_queue_is_not_claimed(client: awa.AsyncClient) -> None:
     runtime = client.runtime
     assert runtime is not None
     before = runtime.dispatchers["p"].claimed
-    await wait_until(lambda: _loops(runtime, 5), message="several claim loops")
+    await signals.claims("p", count=5)  # five claims of the paused queue since
     assert ran == [] and runtime.dispatchers["p"].claimed == before
     await client.resume_queue("p")
     await _finished(client, [job.id])
     assert ran == [1]
-
-
-async def _loops(runtime: object, n: int) -> bool:
-    await asyncio.sleep(FAST["poll_interval_ms"] / 1000 * n)
-    return True
 
 
 async def test_health_check(client: awa.AsyncClient) -> None:
@@ -401,7 +397,7 @@ async def _insert_backlog(conn: asyncpg.Connection, n: int, state: str) -> None:
 
 
 async def test_claims_stay_fast_when_the_backlog_grows_after_start(
-        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+        client: awa.AsyncClient, conn: asyncpg.Connection, signals: Signals) -> None:
     """A worker that starts on an empty table keeps claiming by index once a big
     backlog arrives. PostgreSQL settles on a generic plan after five runs of a
     prepared statement, and one made on the empty table scanned it whole per claim
@@ -427,7 +423,7 @@ async def test_claims_stay_fast_when_the_backlog_grows_after_start(
         nonlocal done
         done += 1
 
-    await asyncio.sleep(1.0)  # idle claims on the empty table: more than five of them
+    await signals.claims("default", count=6)  # idle claims on the empty table: over five
     await _insert_backlog(conn, 200000, "available")
     # A whole-table scan per claim (the bug) needs over a minute for these.
     await wait_until(lambda: asyncio.sleep(0, done >= 2000), timeout=20,
@@ -595,8 +591,8 @@ class Ahead:
 
 @pytest.mark.parametrize("warm_up_seconds, ahead", [(0.0, 4), (0.03, 0)])
 async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
-        client: awa.AsyncClient, conn: asyncpg.Connection, warm_up_seconds: float,
-        ahead: int) -> None:
+        client: awa.AsyncClient, conn: asyncpg.Connection, signals: Signals,
+        warm_up_seconds: float, ahead: int) -> None:
     """Once its handlers prove quick, a queue claims a batch beyond its free slots
     (the next claim overlaps the running batch). Those jobs stay heartbeated while
     they wait, and a stopping worker hands them back unstarted, attempt uncounted.
@@ -626,7 +622,9 @@ async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
 
     claimed = await wait_until(settled, message=f"2 running and {ahead} claimed ahead")
     assert [r["id"] for r in claimed] == blocked[:2 + ahead]  # in claim order
-    await asyncio.sleep(1.5)  # over twice the staleness: rescue would take unbeaten jobs
+    # A rescue pass begun over twice the staleness later would take unbeaten jobs.
+    stale = 2 * FAST["heartbeat_staleness_ms"] / 1000
+    await signals.pass_after("rescue", after=time.monotonic() + stale)
     assert await running() == claimed
     assert sorted(started[20:]) == [100, 101]  # the jobs claimed ahead never started
     await client.shutdown(timeout_ms=200)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.test_ui_hardening import _raw
+from tests.test_ui_safety import _raw
 from tests.ui_helpers import call, seed, serving
 
 import awa

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,8 @@ from awa.cli.output import (
 )
 from awa.cli.progress import checked_action, chunk_option, chunked, run_bulk
 from awa.cli.root import main
-from awa.core.serialize import nested_too_deeply
+from awa.core.errors import ValidationError
+from awa.core.serialize import NOT_JSON, loads
 
 
 @main.group()
@@ -148,13 +148,10 @@ def enqueue(obj: dict[str, Any], kind: str, args_json: str, queue: str, priority
             count: int, chunk_size: int, full: bool, as_json: bool, yes: bool) -> None:
     """Enqueue ad-hoc jobs of KIND (many copies go in by COPY, a chunk at a time)."""
     try:
-        if nested_too_deeply(args_json):
-            raise RecursionError
-        args = json.loads(args_json)
-    except ValueError as exc:
-        fail(f"--args is not JSON: {exc}")
-    except RecursionError:
-        fail(f"--args: {TOO_DEEP}")
+        args = loads(args_json, "--args")
+    except ValidationError as exc:
+        fail(f"--args is not JSON: {exc.__cause__}" if exc.rule == NOT_JSON
+             else f"--args: {TOO_DEEP}")
     if not isinstance(args, dict):
         fail("--args must be a JSON object")
     if count < 1:

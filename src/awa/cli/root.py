@@ -31,8 +31,8 @@ from awa.cli.output import (
 )
 from awa.cli.progress import Bar, bars_enabled
 from awa.cli.shutdown import exit_now, stop_on_signals
-from awa.core.errors import AwaError
-from awa.core.serialize import nested_too_deeply
+from awa.core.errors import AwaError, ValidationError
+from awa.core.serialize import NOT_JSON, loads
 from awa.db import migrations
 from awa.db.dsn import check_url, redact
 from awa.db.errors import translated
@@ -137,12 +137,10 @@ def grants(obj: dict[str, Any], role: str, read_only: bool) -> None:
 
 def _parse_value(key: str, text: str) -> Any:
     try:
-        if nested_too_deeply(text):
-            raise RecursionError
-        return json.loads(text)
-    except ValueError:
-        return text
-    except RecursionError:
+        return loads(text, "--set")
+    except ValidationError as exc:
+        if exc.rule == NOT_JSON:
+            return text
         fail(f"--set {key}: {TOO_DEEP}")
 
 

@@ -170,6 +170,24 @@ def nested_too_deeply(text: str | bytes) -> bool:
     return _json_depth(text) > limit
 
 
+#: The rules `loads` names: JSON input nested too deeply, or not JSON at all.
+JSON_TOO_DEEP = "is nested too deeply"
+NOT_JSON = "must be JSON"
+
+
+def loads(text: str | bytes, field: str) -> Any:
+    """Parse JSON input (a request body, a command-line value) or raise a
+    `ValidationError` naming ``field``: `JSON_TOO_DEEP` past `states.JSON_MAX_DEPTH`
+    (checked before parsing, so every Python agrees), else `NOT_JSON` (the decoder's
+    error as its cause)."""
+    if nested_too_deeply(text):
+        raise ValidationError(field, JSON_TOO_DEEP)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValidationError(field, NOT_JSON) from exc
+
+
 def dumps(value: Any, field: str, *, sized: bool = True) -> str:
     """Serialize to compact JSON or raise `SerializationError` naming ``field``.
 

@@ -15,6 +15,7 @@ import asyncpg
 
 from awa.core.waiting import wait_event
 from awa.db.queries import Queries
+from awa.telemetry import signals
 from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.maintenance")
@@ -64,6 +65,7 @@ class PeriodicService(ABC):
         """Loop until ``stopping`` is set; a failing pass is logged, never fatal."""
         while not stopping.is_set():
             if not self.leader_only or self._is_leader():
+                started = time.monotonic()
                 try:
                     await self.run_once()
                     self.runs += 1
@@ -74,6 +76,7 @@ class PeriodicService(ABC):
                     self.failures += 1
                     _failures.failed(f"{self.name} pass", exc)
                 self.last_run_at = time.monotonic()
+                signals.emit("pass", service=self.name, started=started)
             await wait_event(stopping, self._sleep_for())
 
 

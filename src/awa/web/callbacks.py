@@ -15,13 +15,12 @@ unknown ids 404. Mount it in any ASGI server or framework.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
 from awa.core import callback_contract
 from awa.core.errors import CallbackNotFound, DatabaseError, SerializationError, ValidationError
-from awa.core.serialize import nested_too_deeply
+from awa.core.serialize import NOT_JSON, loads
 from awa.web.asgi import ASGIApp, Receive, Scope, Send, read_body, send_json
 
 if TYPE_CHECKING:
@@ -70,14 +69,10 @@ def callback_app(client: AsyncClient, *, secret: bytes | str | None = None,
                 await send_json(send, 401, {"error": f"signature refused: {refused}"})
                 return
         try:
-            if nested_too_deeply(raw):
-                raise RecursionError
-            body = json.loads(raw) if raw.strip() else {}
-        except RecursionError:
-            await send_json(send, 400, {"error": "body is nested too deeply"})
-            return
-        except ValueError:
-            await send_json(send, 400, {"error": "body is not JSON"})
+            body = loads(raw, "body") if raw.strip() else {}
+        except ValidationError as exc:
+            await send_json(send, 400, {"error": "body is not JSON" if exc.rule == NOT_JSON
+                                        else f"body {exc.rule}"})
             return
         if not isinstance(body, dict):
             await send_json(send, 400, {"error": "body must be a JSON object"})

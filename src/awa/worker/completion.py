@@ -40,6 +40,7 @@ from awa.db.pool import Conn, HeldConnection
 from awa.db.queries import Queries
 from awa.enqueue.producer import PreparedJob
 from awa.telemetry import otel as telemetry
+from awa.telemetry import signals
 from awa.telemetry.failures import FailureLog
 from awa.worker.followups import insert_followups
 
@@ -219,6 +220,7 @@ class Completer:
                             _resolve(p.future, False)
                     if self.on_flushed is not None:
                         self.on_flushed()
+                    signals.emit("flush", batch=batch)
             self._idle.set()
 
     async def _flush(self, batch: list[tuple[int, _Pending]]) -> None:
@@ -430,6 +432,7 @@ class Completer:
                 _failures.ok("outcome write")
                 if waited:
                     _failures.ok(f"outcome write of job {job_id}")
+                signals.emit("write", job=job_id, written=written)
                 return written
             except Exception as exc:
                 if _timed_out(exc):

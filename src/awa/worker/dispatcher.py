@@ -29,6 +29,7 @@ from awa.core.waiting import wait_signal
 from awa.db.pool import HeldConnection
 from awa.db.queries import Queries
 from awa.telemetry import otel as telemetry
+from awa.telemetry import signals
 from awa.telemetry.failures import FailureLog
 from awa.worker.capacity import Capacity, TokenBucket
 from awa.worker.config import QueueConfig
@@ -170,6 +171,7 @@ class Dispatcher:
             finally:
                 if isinstance(self._db, HeldConnection):
                     await self._db.release()
+                signals.emit("stopped", queue=self.cfg.name)
 
     async def _loop(self) -> None:
         name = self.cfg.name
@@ -229,6 +231,7 @@ class Dispatcher:
                     self._take_rows(keyed, keyed=True)
                 self._start_ready()
                 self.claimed += got
+                signals.emit("claim", queue=name, jobs=got)
                 # A short plain claim may hide keyed jobs: look for them next round,
                 # after the jobs just claimed have started (never holding them back).
                 probe = (not probe and not self.keys.active and len(rows) < want

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 import awa.web.ui.data as data
 from awa.admin import batch
 from awa.core.errors import JobNotFound, ValidationError
-from awa.core.serialize import nested_too_deeply
+from awa.core.serialize import loads
 
 if TYPE_CHECKING:
     from awa.web.ui.state import UiState
@@ -40,14 +40,7 @@ async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw:
         return {}
-    if nested_too_deeply(raw):
-        raise ValidationError("body", "is nested too deeply")
-    try:
-        body = await request.json()
-    except RecursionError:
-        raise ValidationError("body", "is nested too deeply") from None
-    except ValueError:
-        raise ValidationError("body", "must be JSON") from None
+    body = loads(raw, "body")
     if not isinstance(body, dict):
         raise ValidationError("body", "must be a JSON object")
     return body

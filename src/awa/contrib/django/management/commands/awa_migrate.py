@@ -1,6 +1,7 @@
-"""``manage.py awa_migrate``: create or upgrade Awa's schema in the task database
-(``manage.py migrate`` does the same through this app's migrations; this command
-serves projects that migrate Awa apart, and backends with ``DATABASE_URL``)."""
+"""``manage.py awa_migrate``: create or upgrade Awa's schema in the task database.
+
+``manage.py migrate`` does the same through this app's migrations; this command
+serves projects that migrate Awa apart, and backends with ``DATABASE_URL``."""
 
 from __future__ import annotations
 

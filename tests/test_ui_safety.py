@@ -1,5 +1,4 @@
-"""Web UI hardening (issue 28): Host allow-list, body cap, safe links, no 500s,
-large values cut."""
+"""Web UI safety: Host allow-list, body cap, safe links, no 500s, large values cut."""
 
 from __future__ import annotations
 
