@@ -185,6 +185,27 @@ async def main() -> None:
     await admin.close()
     if ns.out:
         Path(ns.out).write_text(json.dumps(samples, indent=1))
+    print(summary(samples, ns.clean, ns.clean + ns.hold, ns.rate))
+
+
+def summary(samples: list[dict], hold_from: float, hold_to: float, rate: int) -> str:
+    """One markdown row per phase: medians of the 10 s samples, and the peaks."""
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2] if xs else 0.0
+    out = ["| phase | completions/s, median | depth, median / peak | claim p99 ms, "
+           "median / peak | dead tuples, peak |", "|---|---:|---:|---:|---:|"]
+    for name, lo, hi in (("clean", 0, hold_from), ("held xmin", hold_from, hold_to),
+                         ("recovery", hold_to, 1e9)):
+        rows = [r for r in samples if lo < r["t"] <= hi]
+        if not rows:
+            continue
+        out.append(f"| {name} ({len(rows) * 10} s, {rate}/s offered) "
+                   f"| {med([r['completed_per_s'] for r in rows]):.0f} "
+                   f"| {med([r['depth'] for r in rows]):.0f} / {max(r['depth'] for r in rows)} "
+                   f"| {med([r['claim_p99_ms'] for r in rows]):.1f} / "
+                   f"{max(r['claim_p99_ms'] for r in rows):.1f} "
+                   f"| {max(r['dead_tuples'] for r in rows)} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
