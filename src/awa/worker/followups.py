@@ -36,6 +36,7 @@ from awa.core.outcomes import Trigger as Trigger  # re-exported: callbacks, hook
 from awa.db.errors import translate
 from awa.db.pool import Conn
 from awa.db.queries import Queries
+from awa.db.statements import AsyncpgStatements, Statements
 from awa.enqueue import producer
 from awa.enqueue.producer import PreparedJob, Router
 from awa.telemetry import otel as telemetry
@@ -185,6 +186,10 @@ class FollowUpRegistry:
     def has_hooks(self) -> bool:
         return bool(self._hooks)
 
+    def has_any(self, trigger: Trigger) -> bool:
+        """Any spec registered for ``trigger``, whatever the kind."""
+        return any(t == trigger for t, _ in self._specs)
+
     def add_hook(self, kind: str | None, events: Sequence[str] | None,
                  fn: Callable[[JobEvent], Any]) -> None:
         unknown = set(events or ()) - set(EVENTS)
@@ -201,8 +206,15 @@ class FollowUpRegistry:
         if not matching:
             return
         payload = JobEvent(event, job, error)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # a sync caller (awa.bridge's *_sync): run them here
+            loop = None
         for fn in matching:
-            asyncio.get_running_loop().create_task(_call_hook(fn, payload))
+            if loop is None:
+                asyncio.run(_call_hook(fn, payload))
+            else:
+                loop.create_task(_call_hook(fn, payload))
 
 
 async def _call_hook(fn: Callable[[JobEvent], Any], event: JobEvent) -> None:
@@ -276,28 +288,36 @@ def _arity(fn: Callable[..., Any]) -> int:
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
-async def _insert(conn: Conn, q: Queries, req: PreparedJob) -> int:
-    row = await conn.fetchrow(q["job_insert"], *req.insert_params())
-    assert row is not None
-    telemetry.inserted(req.kind, req.queue)
-    return int(row["id"])
-
-
 async def insert_followups(conn: Conn, q: Queries, requests: Sequence[PreparedJob],
                            *, trigger_id: int) -> list[int]:
-    """Insert follow-ups inside the caller's transaction; duplicates skipped."""
+    """Insert follow-ups inside the caller's asyncpg transaction; duplicates skipped."""
+    return await insert_followups_on(AsyncpgStatements(conn, q), requests,
+                                     trigger_id=trigger_id)
+
+
+async def insert_followups_on(db: Statements, requests: Sequence[PreparedJob],
+                              *, trigger_id: int) -> list[int]:
+    """Insert follow-ups inside the transaction open on ``db`` (Awa's connection or
+    the caller's): a unique one under a savepoint, skipped if its key is taken."""
     inserted = []
     for req in requests:
         if req.unique_key is None:
-            inserted.append(await _insert(conn, q, req))
+            inserted.append(await _insert(db, req))
             continue
-        await conn.execute("SAVEPOINT awa_follow_up")  # inside the outcome's transaction
+        await db.execute("SAVEPOINT awa_follow_up")  # inside the outcome's transaction
         try:
-            inserted.append(await _insert(conn, q, req))
+            inserted.append(await _insert(db, req))
         except Exception as exc:
             if not isinstance(translate(exc), UniqueConflict):
                 raise
-            await conn.execute("ROLLBACK TO SAVEPOINT awa_follow_up")
+            await db.execute("ROLLBACK TO SAVEPOINT awa_follow_up")
             log.debug("follow-up %s of job %d skipped: unique key taken", req.kind, trigger_id)
-        await conn.execute("RELEASE SAVEPOINT awa_follow_up")
+        await db.execute("RELEASE SAVEPOINT awa_follow_up")
     return inserted
+
+
+async def _insert(db: Statements, req: PreparedJob) -> int:
+    row = await db.row("job_insert", req.insert_params())
+    assert row is not None
+    telemetry.inserted(req.kind, req.queue)
+    return int(row["id"])
