@@ -68,7 +68,7 @@ from awa.telemetry.joblog import set_log_error_messages
 from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
 from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
-from awa.worker.runtime import HealthCheck, QueueHealth
+from awa.worker.health import HealthCheck, QueueHealth
 
 _moved.install()
 

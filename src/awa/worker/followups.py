@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+import asyncpg
+
 from awa.core import serialize, states, validate
 from awa.core.errors import StagingError, UniqueConflict
 from awa.core.model import Job
@@ -321,3 +323,26 @@ async def _insert(db: Statements, req: PreparedJob) -> int:
     assert row is not None
     telemetry.inserted(req.kind, req.queue)
     return int(row["id"])
+
+
+async def after_rescue(pool: asyncpg.Pool, q: Queries, followups: FollowUpRegistry,
+                       rows: Sequence[Any]) -> None:
+    """After a rescue commits: the ``rescued`` hooks, and registered ``rescued`` specs'
+    follow-ups (best effort: one transaction per rescued job)."""
+    for row in rows:
+        try:
+            found = await pool.fetchrow(q["job_get"], row["id"])
+        except Exception:
+            continue
+        if found is None:
+            continue
+        job = Job.from_row(found)
+        followups.emit("rescued", job, job.errors[-1]["error"] if job.errors else None)
+        if not followups.has_specs("rescued", job.kind):
+            continue
+        requests = followups.build("rescued", job, OutcomeContext("rescued"))
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                await insert_followups(conn, q, requests, trigger_id=job.id)
+        except Exception:
+            log.exception("rescued follow-ups of job %d not inserted", job.id)
