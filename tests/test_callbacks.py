@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
@@ -452,12 +453,13 @@ async def test_bridge_runs_registered_followups_and_hooks(client: awa.AsyncClien
     rolls back) with the caller's transaction, and the hook sees the outcome."""
     client.on_completed_enqueue(Order, lambda args, job: Shipped(args.n))
     client.on_exhausted_enqueue(Order, lambda args, job: Shipped(-args.n))
+    client.on_retried_enqueue(Order, lambda args, job: Shipped(100 + args.n))
     events: list[tuple[str, int]] = []
     client.on_event(Order, lambda e: events.append((e.event, e.job.id)),
-                    events=["completed", "exhausted"])
+                    events=["completed", "exhausted", "retried"])
     pool = await client.pool()
-    first, second = await client.insert(Order(1)), await client.insert(Order(2))
-    ids = {first.id: uuid.uuid4(), second.id: uuid.uuid4()}
+    first, second, third = [await client.insert(Order(n)) for n in (1, 2, 3)]
+    ids = {first.id: uuid.uuid4(), second.id: uuid.uuid4(), third.id: uuid.uuid4()}
     for job_id, cid in ids.items():
         await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                            "callback_id = $2 WHERE id = $1", job_id, cid)
@@ -473,10 +475,12 @@ async def test_bridge_runs_registered_followups_and_hooks(client: awa.AsyncClien
         await awa.bridge.fail_external_in(conn, str(ids[second.id]), "no stock")  # autocommit
     finally:
         await conn.close()
+    with psycopg.connect(database_url) as sync_conn:  # the sync functions: the same path
+        awa.bridge.retry_external_in_sync(sync_conn, str(ids[third.id]))
     shipped = await client.list_jobs(kind="shipped")
-    assert sorted(j.args["order"] for j in shipped) == [-2, 1]
+    assert sorted(j.args["order"] for j in shipped) == [-2, 1, 103]
     # Hooks run once the resolution is written (the bridge cannot see the caller's
     # commit, so the rolled-back one was seen too).
-    wanted = {("completed", first.id), ("exhausted", second.id)}
+    wanted = {("completed", first.id), ("exhausted", second.id), ("retried", third.id)}
     await wait_until(lambda: asyncio.sleep(0, wanted <= set(events)))
     assert set(events) == wanted
