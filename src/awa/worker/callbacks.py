@@ -99,12 +99,12 @@ def _not_found(cid: Any) -> CallbackNotFound:
     return CallbackNotFound(f"callback {cid} not found, already resolved, or superseded")
 
 
-async def _write(db: Statements, action: Action, cid: Any, arg: Any,
+async def _write(db: Statements, action: Action, cid: Any, params: tuple[Any, ...],
                  resolver: Resolver) -> tuple[Job, Trigger | None]:
     """The resolving statement, then the registered follow-ups of its trigger (in
     the transaction open on ``db``, if any)."""
     name, trigger = _ACTIONS[action]
-    row = await db.row(name, _params(action, cid, arg, resolver))
+    row = await db.row(name, params)
     if row is None:
         raise _not_found(cid)
     job = Job.from_row(row)
@@ -117,17 +117,17 @@ async def _write(db: Statements, action: Action, cid: Any, arg: Any,
 
 async def _resolve(db: Statements, action: Action, callback_id: Any, arg: Any,
                    resolver: Resolver) -> Job:
-    """Resolve one callback: THE path of every surface. Registered follow-ups commit
-    with it (in a transaction of its own when ``db`` is in none); hooks run after."""
+    """Resolve one callback, for every surface. Registered follow-ups commit with it
+    (in a transaction of its own when ``db`` is in none); hooks run after."""
     cid = validate.parse_callback_id(callback_id)
-    _params(action, cid, arg, resolver)  # refuse bad input before BEGIN
+    params = _params(action, cid, arg, resolver)  # bad input is refused before any write
     trigger = _ACTIONS[action][1]
     own = trigger is not None and resolver.followups is not None \
         and resolver.followups.has_any(trigger) and not db.in_transaction
     if own:
         await db.execute("BEGIN")
     try:
-        job, fired = await _write(db, action, cid, arg, resolver)
+        job, fired = await _write(db, action, cid, params, resolver)
     except BaseException:
         if own:
             await db.execute("ROLLBACK")
@@ -176,11 +176,10 @@ async def resolve_callback(db: Executor, q: Queries, callback_id: Any, payload: 
                 await st.execute("ROLLBACK")
                 return ResolveResult("ignored", None, payload, decision.reason)
             await st.row("callback_rules_delete", (cid,))
-            if decision.outcome == "completed":
-                job, fired = await _write(st, "complete", cid, decision.payload, resolver)
-            else:
-                job, fired = await _write(st, "fail", cid, decision.error or "callback failed",
-                                          resolver)
+            verb: Action = "complete" if decision.outcome == "completed" else "fail"
+            arg = decision.payload if verb == "complete" else decision.error or "callback failed"
+            job, fired = await _write(st, verb, cid, _params(verb, cid, arg, resolver),
+                                      resolver)
         except BaseException:
             await st.execute("ROLLBACK")
             raise
