@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
@@ -439,3 +440,47 @@ async def test_bridge_resolves_in_callers_transaction(client: awa.AsyncClient,
             await awa.bridge.fail_external_in(conn, str(cid), "again")
     finally:
         await conn.close()
+
+
+@dataclass
+class Shipped:
+    order: int
+
+
+async def test_bridge_runs_registered_followups_and_hooks(client: awa.AsyncClient,
+                                                          database_url: str) -> None:
+    """The bridge resolves by the client's path: the registered follow-up commits (or
+    rolls back) with the caller's transaction, and the hook sees the outcome."""
+    client.on_completed_enqueue(Order, lambda args, job: Shipped(args.n))
+    client.on_exhausted_enqueue(Order, lambda args, job: Shipped(-args.n))
+    client.on_retried_enqueue(Order, lambda args, job: Shipped(100 + args.n))
+    events: list[tuple[str, int]] = []
+    client.on_event(Order, lambda e: events.append((e.event, e.job.id)),
+                    events=["completed", "exhausted", "retried"])
+    pool = await client.pool()
+    first, second, third = [await client.insert(Order(n)) for n in (1, 2, 3)]
+    ids = {first.id: uuid.uuid4(), second.id: uuid.uuid4(), third.id: uuid.uuid4()}
+    for job_id, cid in ids.items():
+        await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
+                           "callback_id = $2 WHERE id = $1", job_id, cid)
+    conn = await asyncpg.connect(database_url)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        await awa.bridge.complete_external_in(conn, str(ids[first.id]), {"ok": 1})
+        await tx.rollback()  # the follow-up goes with the caller's transaction
+        assert await client.list_jobs(kind="shipped") == []
+        async with conn.transaction():
+            await awa.bridge.complete_external_in(conn, str(ids[first.id]), {"ok": 2})
+        await awa.bridge.fail_external_in(conn, str(ids[second.id]), "no stock")  # autocommit
+    finally:
+        await conn.close()
+    with psycopg.connect(database_url) as sync_conn:  # the sync functions: the same path
+        awa.bridge.retry_external_in_sync(sync_conn, str(ids[third.id]))
+    shipped = await client.list_jobs(kind="shipped")
+    assert sorted(j.args["order"] for j in shipped) == [-2, 1, 103]
+    # Hooks run once the resolution is written (the bridge cannot see the caller's
+    # commit, so the rolled-back one was seen too).
+    wanted = {("completed", first.id), ("exhausted", second.id), ("retried", third.id)}
+    await wait_until(lambda: asyncio.sleep(0, wanted <= set(events)))
+    assert set(events) == wanted

@@ -38,15 +38,14 @@ def test_every_callback_timeout_default_reads_the_constant() -> None:
     """The default callback timeout is written once, in `states.CALLBACK_TIMEOUT`."""
     import inspect
 
+    from awa import bridge
     from awa.admin.ops import AdminOps
     from awa.core import callback_contract
-    from awa.enqueue import bridge
     from awa.testing import HandlerJob
-    from awa.worker import callbacks
     from awa.worker.context import JobContext
 
     default = states.CALLBACK_TIMEOUT.total_seconds()
-    functions = [AdminOps.heartbeat_callback, callbacks.heartbeat_callback,
+    functions = [AdminOps.heartbeat_callback,
                  JobContext.register_callback, HandlerJob.register_callback,
                  bridge.heartbeat_callback_in, bridge.heartbeat_callback_in_sync]
     for function in functions:

@@ -5,7 +5,7 @@ Pipeline: producer → Postgres → dispatcher → executor → completion.
 
 from __future__ import annotations
 
-from awa import _moved, web
+from awa import _moved, bridge, web
 from awa.admin.dlq import DlqEntry
 from awa.client import AsyncClient, run
 from awa.core import callback_contract
@@ -59,7 +59,6 @@ from awa.db.migrations import (
     migrations_range,
     schema_patches,
 )
-from awa.enqueue import bridge
 from awa.enqueue.dependencies import ParentResult
 from awa.enqueue.partitioned import PartitionedQueue
 from awa.enqueue.transaction import Transaction
@@ -69,7 +68,7 @@ from awa.telemetry.joblog import set_log_error_messages
 from awa.telemetry.otel import init_telemetry, shutdown_telemetry
 from awa.worker.context import CallbackWaitAborted, JobContext
 from awa.worker.followups import EnqueueRequest, JobEvent, OutcomeContext
-from awa.worker.runtime import HealthCheck, QueueHealth
+from awa.worker.health import HealthCheck, QueueHealth
 
 _moved.install()
 

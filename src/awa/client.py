@@ -44,6 +44,7 @@ from awa.enqueue.transaction import Transaction, TransactionStart
 from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 from awa.maintenance.cron import CronSchedule
 from awa.telemetry import otel as telemetry
+from awa.worker import callbacks
 from awa.worker.config import RuntimeConfig, check_start
 from awa.worker.descriptors import Scope
 from awa.worker.followups import FollowUpRegistry, JobEvent, trigger_kind
@@ -88,6 +89,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         self._schedules: dict[str, CronSchedule] = {}
         self._descriptors: dict[tuple[Scope, str], dict[str, Any]] = {}
         self._runtime: Runtime | None = None
+        callbacks.at_hand(self._q.schema, self._callback_resolver)  # awa.bridge resolves with it
 
     @property
     def schema(self) -> str:

@@ -87,39 +87,42 @@ class AdminOps:
 
     # -- external callbacks -------------------------------------------------------------
 
+    def _callback_resolver(self) -> callbacks.Resolver:
+        """This client's follow-ups, hooks and retentions, for resolving callbacks."""
+        return callbacks.Resolver(self._followups, states.COMPLETED_RETENTION,
+                                  self.retention_cancelled)
+
+    async def _resolve(self, action: callbacks.Action, callback_id: str, arg: Any) -> Job:
+        return await callbacks.resolve(await self.pool(), self._q, action, callback_id, arg,
+                                       self._callback_resolver())
+
     async def complete_external(self, callback_id: str, payload: Any = None) -> Job:
         """Complete the job waiting on ``callback_id``."""
-        return await callbacks.complete_external(await self.pool(), self._q, callback_id,
-                                                 payload, followups=self._followups)
+        return await self._resolve("complete", callback_id, payload)
 
     async def fail_external(self, callback_id: str, error: str) -> Job:
         """Fail the job waiting on ``callback_id``."""
-        return await callbacks.fail_external(await self.pool(), self._q, callback_id, error,
-                                             retention=self.retention_cancelled,
-                                             followups=self._followups)
+        return await self._resolve("fail", callback_id, error)
 
     async def retry_external(self, callback_id: str) -> Job:
         """Send the job waiting on ``callback_id`` back to available."""
-        return await callbacks.retry_external(await self.pool(), self._q, callback_id,
-                                              followups=self._followups)
+        return await self._resolve("retry", callback_id, None)
 
     async def resume_external(self, callback_id: str, payload: Any = None) -> Job:
         """Hand ``payload`` to the handler waiting on ``callback_id``; it carries on."""
-        return await callbacks.resume_external(await self.pool(), self._q, callback_id,
-                                               payload)
+        return await self._resolve("resume", callback_id, payload)
 
     async def resolve_callback(self, callback_id: str, payload: Any = None,
                                default_action: str = "ignore") -> ResolveResult:
         """Complete, fail or ignore by the callback's CEL rules (`awa.core.callback_rules`)."""
-        return await callbacks.resolve_callback(
-            await self.pool(), self._q, callback_id, payload, default_action,
-            failed_retention=self.retention_cancelled, followups=self._followups)
+        return await callbacks.resolve_callback(await self.pool(), self._q, callback_id,
+                                                payload, default_action,
+                                                resolver=self._callback_resolver())
 
     async def heartbeat_callback(self, callback_id: str,
                                  timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS) -> Job:
         """Push a waiting callback's timeout to ``timeout_seconds`` from now."""
-        return await callbacks.heartbeat_callback(await self.pool(), self._q, callback_id,
-                                                  timeout_seconds)
+        return await self._resolve("heartbeat", callback_id, timeout_seconds)
 
     async def queue_stats(self) -> list[QueueStat]:
         """Per-queue counts, lag and pause state."""

@@ -32,7 +32,7 @@ from awa.cli.progress import checked_action, chunk_option, run_bulk
 from awa.cli.root import main
 from awa.core import states
 from awa.core.errors import SchemaNotMigrated
-from awa.worker.health import parse_addr
+from awa.worker.config import parse_addr
 
 
 @main.group()

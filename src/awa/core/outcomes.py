@@ -39,20 +39,33 @@ class OutcomeSpec:
     counted: bool
     #: The attempt failed (retried or failed for good): its span's status is ERROR.
     failure: bool
+    #: Worth a line in the ``awa.jobs`` log when written (`awa.telemetry.joblog`).
+    logged: bool = False
+    #: The HELP of its per-queue ``awa_job_<telemetry>_total`` on a worker's
+    #: ``/metrics`` (`awa.worker.metrics`); None: not counted there.
+    metric_help: str | None = None
+    #: A handler's outcome of this kind may ride the batched completion
+    #: (`Finalizer.finalize`, `Completer.complete`).
+    batched: bool = False
+    #: Counted in the queue's throughput figures once written (`Completer.count`).
+    throughput: bool = False
 
 
 #: Every `OutcomeKind`, exactly once (tests/test_outcomes.py checks it).
 OUTCOMES: dict[OutcomeKind, OutcomeSpec] = {
     "completed": OutcomeSpec("attempt_complete_batch", "completed", "completed", "completed",
-                             counted=True, failure=False),
+                             counted=True, failure=False, batched=True, throughput=True),
     "retry": OutcomeSpec("attempt_retry", "retried", "retryable", "retried",
-                         counted=True, failure=True),
+                         counted=True, failure=True, logged=True,
+                         metric_help="Failed attempts to be retried"),
     "snooze": OutcomeSpec("attempt_snooze", None, "snoozed", "snoozed",
                           counted=False, failure=False),
     "cancel": OutcomeSpec("attempt_cancel", "cancelled", "cancelled", "cancelled",
-                          counted=True, failure=False),
+                          counted=True, failure=False, logged=True,
+                          metric_help="Handlers that returned Cancel"),
     "fail": OutcomeSpec("attempt_fail", "exhausted", "failed", "failed",
-                        counted=True, failure=True),
+                        counted=True, failure=True, logged=True,
+                        metric_help="Jobs failed for good", throughput=True),
     "wait": OutcomeSpec("callback_park", "waiting_for_callback", "waiting_external",
                         "waiting_external", counted=False, failure=False),
     # A caller-owned completion whose run lease was stale: nothing to write or report.

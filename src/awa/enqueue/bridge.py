@@ -37,33 +37,24 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack, cast
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa.core import states, validate
 from awa.core.backpressure import Backpressure, QueueDepth, count_cap
 from awa.core.errors import (
     AwaError,
-    CallbackNotFound,
     DatabaseError,
     SchemaNotMigrated,
     UniqueConflict,
 )
 from awa.core.model import Job
 from awa.core.options import InsertOptions
-from awa.core.serialize import dumps
-from awa.core.validate import check_text
 from awa.db.errors import UNIQUE_CONSTRAINT, translate
 from awa.db.queries import queries
 from awa.enqueue.backpressure import check_plan
 from awa.enqueue.dependencies import Policy, insert_after_plan, parents_of
-from awa.enqueue.plan import Plan, one
+from awa.enqueue.plan import Plan
 from awa.enqueue.producer import PreparedJob, prepare
 from awa.telemetry import otel as telemetry
 
-__all__ = [
-    "complete_external_in", "complete_external_in_sync", "fail_external_in",
-    "fail_external_in_sync", "heartbeat_callback_in", "heartbeat_callback_in_sync",
-    "insert_job", "insert_job_sync", "resume_external_in", "resume_external_in_sync",
-    "retry_external_in", "retry_external_in_sync",
-]
+__all__ = ["insert_job", "insert_job_sync"]  # the callback functions: awa.worker.callbacks
 
 _ASYNC_TYPES = ("an asyncpg Connection (or pool connection), a psycopg AsyncConnection, "
                 "or a SQLAlchemy AsyncConnection / AsyncSession")
@@ -309,7 +300,11 @@ def _job_dict(row: dict[str, Any] | None) -> dict[str, Any]:
     """A `Job`'s fields as a dict with Python values (``state`` as its lowercase name)."""
     if row is None:
         raise DatabaseError("the insert returned no row")
-    job = Job.from_row(row)
+    return job_dict(Job.from_row(row))
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    """A job as the bridge answers it (`insert_job`, the ``*_external_in`` functions)."""
     # The row's own names and values: times as datetimes (``run_at``, not ``run_at_datetime``).
     out = {f.name.removesuffix("_datetime"): getattr(job, f.name)
            for f in dataclasses.fields(job)}
@@ -463,100 +458,63 @@ def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
     return _inserted(job, _run_sync(conn, plan, schema=schema, **guard))
 
 
-# -- callback resolution in the caller's transaction ------------------------------
+# -- the caller's connection as named statements (callback resolution) ------------
+# `awa.worker.callbacks` resolves callbacks on it, by the one path the client
+# takes too (`awa.db.statements`); ``awa.bridge`` holds the public functions.
 
 
-def _callback_call(action: str, callback_id: Any, arg: Any) -> tuple[str, tuple[Any, ...]]:
-    """The named statement and parameters resolving ``callback_id`` with ``action``."""
-    cid = validate.parse_callback_id(callback_id)
-    if action == "complete":
-        return "callback_complete", (cid, dumps(arg, "payload"), states.COMPLETED_RETENTION)
-    if action == "fail":
-        return "callback_fail", (cid, check_text("error", arg), states.FAILED_RETENTION)
-    if action == "retry":
-        return "callback_retry", (cid,)
-    if action == "resume":
-        return "callback_resume", (cid, dumps(arg, "payload"))
-    return "callback_heartbeat", (cid, validate.check_timeout(arg))
+class CallerStatements:
+    """The caller's async connection running Awa's named statements: rows
+    normalized (`_decoded`), driver errors raised as Awa's."""
+
+    def __init__(self, db: _Driver[Awaitable[Row | None]], schema: str) -> None:
+        self._db = db
+        self._q = queries(schema)
+
+    @classmethod
+    async def of(cls, conn: Any, schema: str) -> CallerStatements:
+        """Its statements on ``conn``, or TypeError naming the accepted types."""
+        return cls(await _async_driver(conn), schema)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._db.in_transaction
+
+    async def row(self, name: str, params: Sequence[Any]) -> Row | None:
+        try:
+            row = await self._db.run(self._q[name], params)
+        except Exception as exc:
+            _reraise(exc)
+        return None if row is None else _decoded(row, self._db.json_decoded)
+
+    async def execute(self, sql: str) -> None:
+        try:
+            await self._db.run(sql, ())
+        except Exception as exc:
+            _reraise(exc)
 
 
-def _resolved(row: Any, callback_id: Any) -> dict[str, Any]:
-    if row is None:
-        raise CallbackNotFound(f"callback {callback_id} not found, already resolved, "
-                               "or superseded")
-    return _job_dict(dict(row))
+class CallerStatementsSync:
+    """The sync twin of `CallerStatements` (plain methods)."""
 
+    def __init__(self, conn: Any, schema: str) -> None:
+        self._db = _sync_driver(conn)
+        self._q = queries(schema)
 
-async def _resolve_in(conn: Any, action: str, callback_id: Any, arg: Any,
-                      schema: str) -> dict[str, Any]:
-    row = await _run(conn, one(*_callback_call(action, callback_id, arg)), schema=schema,
-                     savepoint=False)
-    return _resolved(row, callback_id)
+    @property
+    def in_transaction(self) -> bool:
+        return self._db.in_transaction
 
+    def row(self, name: str, params: Sequence[Any]) -> Row | None:
+        try:
+            row = self._db.run(self._q[name], params)
+        except Exception as exc:
+            _reraise(exc)
+        return None if row is None else _decoded(row, self._db.json_decoded)
 
-def _resolve_in_sync(conn: Any, action: str, callback_id: Any, arg: Any,
-                     schema: str) -> dict[str, Any]:
-    row = _run_sync(conn, one(*_callback_call(action, callback_id, arg)), schema=schema,
-                    savepoint=False)
-    return _resolved(row, callback_id)
+    def execute(self, sql: str) -> None:
+        try:
+            self._db.run(sql, ())
+        except Exception as exc:
+            _reraise(exc)
 
-
-async def complete_external_in(conn: Any, callback_id: str, payload: Any = None, *,
-                               schema: str = "awa") -> dict[str, Any]:
-    """Complete a waiting job in the caller's transaction."""
-    return await _resolve_in(conn, "complete", callback_id, payload, schema)
-
-
-async def fail_external_in(conn: Any, callback_id: str, error: str, *,
-                           schema: str = "awa") -> dict[str, Any]:
-    """Fail a waiting job in the caller's transaction."""
-    return await _resolve_in(conn, "fail", callback_id, error, schema)
-
-
-async def retry_external_in(conn: Any, callback_id: str, *,
-                            schema: str = "awa") -> dict[str, Any]:
-    """Send a waiting job back to available in the caller's transaction."""
-    return await _resolve_in(conn, "retry", callback_id, None, schema)
-
-
-async def resume_external_in(conn: Any, callback_id: str, payload: Any = None, *,
-                             schema: str = "awa") -> dict[str, Any]:
-    """Resume a waiting handler in the caller's transaction; it carries on from its wait."""
-    return await _resolve_in(conn, "resume", callback_id, payload, schema)
-
-
-async def heartbeat_callback_in(conn: Any, callback_id: str,
-                                timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS,
-                                *, schema: str = "awa") -> dict[str, Any]:
-    """Push a waiting callback's timeout out, in the caller's transaction."""
-    return await _resolve_in(conn, "heartbeat", callback_id, timeout_seconds, schema)
-
-
-def complete_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
-                              schema: str = "awa") -> dict[str, Any]:
-    """Sync `complete_external_in`."""
-    return _resolve_in_sync(conn, "complete", callback_id, payload, schema)
-
-
-def fail_external_in_sync(conn: Any, callback_id: str, error: str, *,
-                          schema: str = "awa") -> dict[str, Any]:
-    """Sync `fail_external_in`."""
-    return _resolve_in_sync(conn, "fail", callback_id, error, schema)
-
-
-def retry_external_in_sync(conn: Any, callback_id: str, *, schema: str = "awa") -> dict[str, Any]:
-    """Sync `retry_external_in`."""
-    return _resolve_in_sync(conn, "retry", callback_id, None, schema)
-
-
-def resume_external_in_sync(conn: Any, callback_id: str, payload: Any = None, *,
-                            schema: str = "awa") -> dict[str, Any]:
-    """Sync `resume_external_in`."""
-    return _resolve_in_sync(conn, "resume", callback_id, payload, schema)
-
-
-def heartbeat_callback_in_sync(conn: Any, callback_id: str,
-                               timeout_seconds: float = states.CALLBACK_TIMEOUT_SECS,
-                               *, schema: str = "awa") -> dict[str, Any]:
-    """Sync `heartbeat_callback_in`."""
-    return _resolve_in_sync(conn, "heartbeat", callback_id, timeout_seconds, schema)

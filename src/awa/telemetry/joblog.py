@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from awa.core.errors import ValidationError
-from awa.core.model import Job
+from awa.core.model import Job, OutcomeKind
+from awa.core.outcomes import OUTCOMES
 
 log = logging.getLogger("awa.jobs")
 
@@ -72,9 +73,9 @@ def _error_summary(error: str | None) -> str:
     return f"{kind}: {first}"
 
 
-def outcome(job: Job, kind: str, error: str | None, terminal: bool = False) -> None:
+def outcome(job: Job, kind: OutcomeKind, error: str | None, terminal: bool = False) -> None:
     """Log an attempt's written outcome if it needs attention (retry, fail, cancel)."""
-    if kind not in ("retry", "fail", "cancel"):
+    if not OUTCOMES[kind].logged:
         return
     where = (f"job {job.id} (kind={job.kind} queue={job.queue} "
              f"attempt={job.attempt}/{job.max_attempts})")

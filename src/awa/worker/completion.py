@@ -85,6 +85,8 @@ class Completer:
         #: alone in the background until they go through (see the module's doc).
         self.blocked: dict[int, _Pending] = {}
         self._blocked_task: asyncio.Task[None] | None = None
+        self._unblocked = asyncio.Event()  # set while `blocked` is empty
+        self._unblocked.set()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -149,6 +151,11 @@ class Completer:
             await asyncio.sleep(1.0)
             await self.flush_counts()
 
+    @property
+    def queued(self) -> int:
+        """Completions waiting for the next flush (the dispatchers' backlog bound)."""
+        return len(self._pending)
+
     def pending(self) -> dict[int, int]:
         """Attempts whose completion is not yet written: id → run lease."""
         pending = {job_id: p.lease for job_id, p in self.blocked.items()}
@@ -177,7 +184,7 @@ class Completer:
             await self._idle.wait()
         while self.blocked and self._blocked_task is not None \
                 and not self._blocked_task.done():
-            await asyncio.wait([self._blocked_task], timeout=0.1)
+            await self._unblocked.wait()
 
     async def stop(self, timeout: float | None = None) -> None:
         """Write what is pending (waiting at most ``timeout`` s), then stop.
@@ -310,6 +317,7 @@ class Completer:
             done = await self._complete_alone(job_id, p, ALONE_WAIT)
             if done is None:
                 self.blocked[job_id] = p
+                self._unblocked.clear()
                 if self._blocked_task is None or self._blocked_task.done():
                     self._blocked_task = asyncio.get_running_loop().create_task(
                         self._write_blocked(), name="awa-completer-blocked")
@@ -322,17 +330,20 @@ class Completer:
         row is held waits, and a finished job is never given up while the worker
         runs (its row stays ``running`` and heartbeated meanwhile)."""
         delay = 0.05
-        while self.blocked:
-            for job_id, p in list(self.blocked.items()):
-                done = await self._complete_alone(job_id, p, None)
-                if done is None:
-                    continue
-                del self.blocked[job_id]
-                _resolve(p.future, done)
-                delay = 0.05
-            if self.blocked:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        try:
+            while self.blocked:
+                for job_id, p in list(self.blocked.items()):
+                    done = await self._complete_alone(job_id, p, None)
+                    if done is None:
+                        continue
+                    del self.blocked[job_id]
+                    _resolve(p.future, done)
+                    delay = 0.05
+                if self.blocked:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+        finally:  # emptied, or this task ended: `drain` stops waiting either way
+            self._unblocked.set()
 
     async def _complete_alone(self, job_id: int, p: _Pending,
                               timeout: float | None) -> bool | None:

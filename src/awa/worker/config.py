@@ -252,8 +252,6 @@ class RuntimeConfig:
             values["listen"] = bool(kwargs.pop("listen"))
         addr = kwargs.pop("health_addr", None) or os.environ.get("AWA_HEALTH_ADDR")
         if addr:
-            from awa.worker.health import parse_addr
-
             parse_addr(addr)
             values["health_addr"] = addr
         for key in list(kwargs):
@@ -384,3 +382,11 @@ def check_start(config: RuntimeConfig, registry: Registry,
 
 __all__ = ["COMPAT_KEYS", "QueueConfig", "RateLimit", "RuntimeConfig", "check_compat_options",
            "check_start"]
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """The health listener's ``host:port`` (port 0 picks a free one) → (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"health address {addr!r} is not host:port")
+    return host or "127.0.0.1", int(port)

@@ -61,7 +61,11 @@ class AttemptDb:
 
 
 class JobContext:
-    """A running attempt as the handler sees it: the job, its args, and what it may do."""
+    """A running attempt as the handler sees it: the job, its args, and what it may do.
+
+    The worker's side of it (cancel, wake, seal, progress hand-over, the open
+    transaction of a caller-owned completion) is `AttemptControl`, never these
+    underscore names."""
 
     def __init__(self, job: Job, args: Any, db: AttemptDb | None = None,
                  router: Router | None = None) -> None:
@@ -378,3 +382,54 @@ class JobContext:
     def __repr__(self) -> str:
         return (f"<JobContext id={self.id} kind={self.kind!r} queue={self.queue!r} "
                 f"attempt={self.attempt}/{self.max_attempts}>")
+
+
+class AttemptControl:
+    """The worker's interface to a running `JobContext`, which the handler never sees:
+    the executor seals it, the finalizer reads what it staged and its callback,
+    the heartbeat takes its progress, the runtime cancels and wakes it, and a
+    caller-owned completion (`awa.worker.owned`) lends it its transaction.
+    A view: make one wherever needed (it holds only the context)."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+
+    def cancel(self) -> None:
+        """Flag the attempt cancelled (the handler polls it) and wake any wait."""
+        self.ctx._cancel()
+
+    def notify(self) -> None:
+        """Wake a handler waiting on its callback (``NOTIFY awa_callback``)."""
+        self.ctx._notify()
+
+    def seal(self) -> None:
+        """The handler returned: no more writes, staging or output from it."""
+        self.ctx._seal()
+
+    def staged_nothing(self) -> bool:
+        """Nothing staged and no failed stage: no follow-up to write."""
+        return self.ctx._staged_nothing()
+
+    def take_progress(self) -> str | None:
+        """Buffered progress as JSON if it changed since the last write (then clean)."""
+        return self.ctx._take_progress()
+
+    def restore_progress(self) -> None:
+        """The progress taken was not written: write it next time."""
+        self.ctx._restore_progress()
+
+    @property
+    def callback_id(self) -> str | None:
+        """The newest callback this attempt registered, if any."""
+        return self.ctx._callback_id
+
+    @property
+    def db(self) -> AttemptDb | None:
+        """Where the attempt writes (None for a context without a database)."""
+        return self.ctx._db
+
+    def lend_transaction(self, tx: Transaction | None) -> None:
+        """Make ``tx`` the handler's ``job.transaction`` (None: take it back)."""
+        self.ctx._transaction = tx

@@ -34,7 +34,7 @@ from awa.core.model import (
 from awa.db.pool import UndecodableJson
 from awa.telemetry import otel as telemetry
 from awa.worker import owned
-from awa.worker.context import AttemptDb, JobContext
+from awa.worker.context import AttemptControl, AttemptDb, JobContext
 from awa.worker.tasks import Registry
 
 TRACEBACK_FRAMES = 5
@@ -162,13 +162,14 @@ class JobExecutor:
             except BaseException as exc:  # SystemExit, KeyboardInterrupt too: see _PASS_THROUGH
                 return _outcome_of_error(exc, job)
             finally:
-                ctx._seal()
+                AttemptControl(ctx).seal()
         with run:
             try:
                 if spec.completion == "caller":  # see awa.owned
-                    assert ctx._db is not None
+                    db = AttemptControl(ctx).db
+                    assert db is not None
                     outcome = await owned.run(spec.handler, ctx, job, outcome_of,
-                                              ctx._db.completed_retention)
+                                              db.completed_retention)
                 elif spec.is_async:
                     outcome = outcome_of(await spec.handler(ctx), job)
                 else:
@@ -184,6 +185,6 @@ class JobExecutor:
                 run.error(exc)
                 outcome = _outcome_of_error(exc, job)
             finally:
-                ctx._seal()
+                AttemptControl(ctx).seal()
             run.done(outcome)
             return outcome

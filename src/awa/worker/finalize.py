@@ -17,7 +17,7 @@ from awa.core.model import Job, Outcome
 from awa.core.outcomes import OUTCOMES, Trigger
 from awa.enqueue.producer import PreparedJob
 from awa.worker.completion import Completer
-from awa.worker.context import JobContext
+from awa.worker.context import AttemptControl, JobContext
 from awa.worker.executor import describe_error
 from awa.worker.followups import FollowUpRegistry, OutcomeContext
 
@@ -51,7 +51,8 @@ class Finalizer:
                                   terminal=True)
             elif outcome.output_json is None and ctx.output_json is not None:
                 outcome = Outcome("completed", output_json=ctx.output_json)
-        if outcome.kind == "wait" and (ctx is None or outcome.token != ctx._callback_id):
+        if outcome.kind == "wait" and (
+                ctx is None or outcome.token != AttemptControl(ctx).callback_id):
             outcome = Outcome("fail", error="WaitForCallback returned without a callback "
                               "registered in this attempt", terminal=True)
         if staged and outcome.kind == "wait":
@@ -70,10 +71,11 @@ class Finalizer:
         """The common case without a coroutine: a plain completion (nothing staged,
         no follow-up specs, no hooks) queued for the next batch; what `finalize`
         does for it, nothing waiting. False: not that case, nothing done."""
+        control = AttemptControl(ctx)
         if outcome.kind != "completed" or outcome.committed or self.followups.has_hooks \
-                or not ctx._staged_nothing() or self.followups.has_specs("completed", job.kind):
+                or not control.staged_nothing() or self.followups.has_specs("completed", job.kind):
             return False
-        ctx._seal()
+        control.seal()
         output = outcome.output_json if outcome.output_json is not None else ctx.output_json
         self.completer.complete(job.id, job.run_lease, output)
         return True
@@ -88,7 +90,7 @@ class Finalizer:
             return Finalized(outcome, written=True, trigger=OUTCOMES["completed"].trigger)
         outcome, followups = self.resolve(job, ctx, outcome)
         trigger = OUTCOMES[outcome.kind].trigger
-        if outcome.kind == "completed" and allow_batch:
+        if OUTCOMES[outcome.kind].batched and allow_batch:
             # Batched with other completions; wait for the batch to commit only
             # when something depends on it (follow-ups, hooks).
             future = self.completer.complete(job.id, job.run_lease, outcome.output_json,
@@ -96,9 +98,9 @@ class Finalizer:
             if future is None:
                 return Finalized(outcome, written=True, trigger=None)
             return Finalized(outcome, written=await future, trigger=trigger)
-        progress = ctx._take_progress() if ctx is not None else None
+        progress = AttemptControl(ctx).take_progress() if ctx is not None else None
         written = await self.completer.write(job.id, job.run_lease, outcome, progress,
                                              followups)
-        if written and outcome.kind in ("completed", "fail"):
+        if written and OUTCOMES[outcome.kind].throughput:
             self.completer.count(job.queue, outcome.kind)
         return Finalized(outcome, written=written, trigger=trigger)

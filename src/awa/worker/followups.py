@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+import asyncpg
+
 from awa.core import serialize, states, validate
 from awa.core.errors import StagingError, UniqueConflict
 from awa.core.model import Job
@@ -36,6 +38,7 @@ from awa.core.outcomes import Trigger as Trigger  # re-exported: callbacks, hook
 from awa.db.errors import translate
 from awa.db.pool import Conn
 from awa.db.queries import Queries
+from awa.db.statements import AsyncpgStatements, Statements
 from awa.enqueue import producer
 from awa.enqueue.producer import PreparedJob, Router
 from awa.telemetry import otel as telemetry
@@ -185,6 +188,10 @@ class FollowUpRegistry:
     def has_hooks(self) -> bool:
         return bool(self._hooks)
 
+    def has_any(self, trigger: Trigger) -> bool:
+        """Any spec registered for ``trigger``, whatever the kind."""
+        return any(t == trigger for t, _ in self._specs)
+
     def add_hook(self, kind: str | None, events: Sequence[str] | None,
                  fn: Callable[[JobEvent], Any]) -> None:
         unknown = set(events or ()) - set(EVENTS)
@@ -201,8 +208,15 @@ class FollowUpRegistry:
         if not matching:
             return
         payload = JobEvent(event, job, error)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # a sync caller (awa.bridge's *_sync): run them here
+            loop = None
         for fn in matching:
-            asyncio.get_running_loop().create_task(_call_hook(fn, payload))
+            if loop is None:
+                asyncio.run(_call_hook(fn, payload))
+            else:
+                loop.create_task(_call_hook(fn, payload))
 
 
 async def _call_hook(fn: Callable[[JobEvent], Any], event: JobEvent) -> None:
@@ -276,28 +290,59 @@ def _arity(fn: Callable[..., Any]) -> int:
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
-async def _insert(conn: Conn, q: Queries, req: PreparedJob) -> int:
-    row = await conn.fetchrow(q["job_insert"], *req.insert_params())
+async def insert_followups(conn: Conn, q: Queries, requests: Sequence[PreparedJob],
+                           *, trigger_id: int) -> list[int]:
+    """Insert follow-ups inside the caller's asyncpg transaction; duplicates skipped."""
+    return await insert_followups_on(AsyncpgStatements(conn, q), requests,
+                                     trigger_id=trigger_id)
+
+
+async def insert_followups_on(db: Statements, requests: Sequence[PreparedJob],
+                              *, trigger_id: int) -> list[int]:
+    """Insert follow-ups inside the transaction open on ``db`` (Awa's connection or
+    the caller's): a unique one under a savepoint, skipped if its key is taken."""
+    inserted = []
+    for req in requests:
+        if req.unique_key is None:
+            inserted.append(await _insert(db, req))
+            continue
+        await db.execute("SAVEPOINT awa_follow_up")  # inside the outcome's transaction
+        try:
+            inserted.append(await _insert(db, req))
+        except Exception as exc:
+            if not isinstance(translate(exc), UniqueConflict):
+                raise
+            await db.execute("ROLLBACK TO SAVEPOINT awa_follow_up")
+            log.debug("follow-up %s of job %d skipped: unique key taken", req.kind, trigger_id)
+        await db.execute("RELEASE SAVEPOINT awa_follow_up")
+    return inserted
+
+
+async def _insert(db: Statements, req: PreparedJob) -> int:
+    row = await db.row("job_insert", req.insert_params())
     assert row is not None
     telemetry.inserted(req.kind, req.queue)
     return int(row["id"])
 
 
-async def insert_followups(conn: Conn, q: Queries, requests: Sequence[PreparedJob],
-                           *, trigger_id: int) -> list[int]:
-    """Insert follow-ups inside the caller's transaction; duplicates skipped."""
-    inserted = []
-    for req in requests:
-        if req.unique_key is None:
-            inserted.append(await _insert(conn, q, req))
-            continue
-        await conn.execute("SAVEPOINT awa_follow_up")  # inside the outcome's transaction
+async def after_rescue(pool: asyncpg.Pool, q: Queries, followups: FollowUpRegistry,
+                       rows: Sequence[Any]) -> None:
+    """After a rescue commits: the ``rescued`` hooks, and registered ``rescued`` specs'
+    follow-ups (best effort: one transaction per rescued job)."""
+    for row in rows:
         try:
-            inserted.append(await _insert(conn, q, req))
-        except Exception as exc:
-            if not isinstance(translate(exc), UniqueConflict):
-                raise
-            await conn.execute("ROLLBACK TO SAVEPOINT awa_follow_up")
-            log.debug("follow-up %s of job %d skipped: unique key taken", req.kind, trigger_id)
-        await conn.execute("RELEASE SAVEPOINT awa_follow_up")
-    return inserted
+            found = await pool.fetchrow(q["job_get"], row["id"])
+        except Exception:
+            continue
+        if found is None:
+            continue
+        job = Job.from_row(found)
+        followups.emit("rescued", job, job.errors[-1]["error"] if job.errors else None)
+        if not followups.has_specs("rescued", job.kind):
+            continue
+        requests = followups.build("rescued", job, OutcomeContext("rescued"))
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                await insert_followups(conn, q, requests, trigger_id=job.id)
+        except Exception:
+            log.exception("rescued follow-ups of job %d not inserted", job.id)

@@ -15,7 +15,7 @@ import asyncpg
 
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
-from awa.worker.context import JobContext
+from awa.worker.context import AttemptControl, JobContext
 
 
 class Heartbeat(PeriodicService):
@@ -38,7 +38,8 @@ class Heartbeat(PeriodicService):
         attempts = self._attempts()
         if not attempts:
             return
-        progress = [ctx._take_progress() if ctx is not None else None for _, _, ctx in attempts]
+        progress = [AttemptControl(ctx).take_progress() if ctx is not None else None
+                    for _, _, ctx in attempts]
         try:
             rows = await self._pool.fetch(self._q["attempt_heartbeat"],
                                           [a[0] for a in attempts], [a[1] for a in attempts],
@@ -46,11 +47,12 @@ class Heartbeat(PeriodicService):
         except BaseException:
             for (_, _, ctx), text in zip(attempts, progress, strict=True):
                 if ctx is not None and text is not None:
-                    ctx._restore_progress()
+                    AttemptControl(ctx).restore_progress()
             raise
         written = {r["id"]: r["written"] for r in rows}
         for (job_id, _, ctx), text in zip(attempts, progress, strict=True):
             if job_id not in written:
                 self._lost(job_id)
             elif not written[job_id] and ctx is not None and text is not None:
-                ctx._restore_progress()  # row busy this beat: write the progress next time
+                # The row was busy this beat: write the progress next time.
+                AttemptControl(ctx).restore_progress()

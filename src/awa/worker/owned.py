@@ -16,17 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from awa.core.errors import AwaError
 from awa.core.model import Job, Outcome
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.enqueue.transaction import Transaction
+from awa.worker.context import AttemptControl, JobContext
 from awa.worker.followups import insert_followups
-
-if TYPE_CHECKING:
-    from awa.worker.context import JobContext
 
 
 class OwnedTransaction(Transaction):
@@ -53,7 +51,8 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
     committed), or the handler's other outcome (its writes rolled back).
     Exceptions from the handler propagate after the rollback.
     """
-    db = ctx._db
+    control = AttemptControl(ctx)
+    db = control.db
     assert db is not None
     async with db.pool.acquire() as conn:
         tx = OwnedTransaction(conn, db.q, _keep, router=ctx.staging.router)
@@ -68,7 +67,7 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
 
         with translated():
             await raw.start()
-        ctx._transaction = tx
+        control.lend_transaction(tx)
         try:
             outcome = outcome_of(await handler(ctx), job)
             staged = ctx.staging.seal() if outcome.kind == "completed" else []
@@ -94,4 +93,4 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
                     pass  # the connection is gone; the server rolled back
             raise
         finally:
-            ctx._transaction = None
+            control.lend_transaction(None)

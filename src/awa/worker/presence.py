@@ -1,7 +1,8 @@
 """Presence: each worker process keeps a row in ``awa.runtime_instances``.
 
 The web UI's runtime page and ``awa`` operators read it to see which
-processes are alive, what they serve and which one leads maintenance.
+processes are alive, what they serve and which one leads maintenance;
+`snapshot` is what the row says, read from the runtime's parts.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,11 +19,30 @@ import asyncpg
 from awa.core.version import __version__
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
+from awa.maintenance.leader import LeaderElection
+from awa.worker.attempts import Attempts
+from awa.worker.capacity import Capacity
+from awa.worker.completion import Completer
+from awa.worker.dispatcher import Dispatcher
 
 #: How often a worker refreshes its row.
 PRESENCE_INTERVAL = timedelta(seconds=2)
 #: A row not refreshed for this many intervals is shown as stale.
 STALE_AFTER_INTERVALS = 3
+
+
+def snapshot(leader: LeaderElection, listening: bool, attempts: Attempts,
+             dispatchers: Mapping[str, Dispatcher], completer: Completer,
+             capacity: Capacity) -> dict[str, Any]:
+    """This process as its presence row shows it: leadership, LISTEN, and per queue
+    its slots and handlers in flight."""
+    in_flight = attempts.per_queue()
+    return {"is_leader": leader.is_leader, "listening": listening,
+            "in_flight": len(attempts),
+            "claimed": sum(d.claimed for d in dispatchers.values()),
+            "completed": completer.completed,
+            "queues": {n: {"max_workers": capacity.limit(n), "in_flight": in_flight[n]}
+                       for n in dispatchers}}
 
 
 class Presence(PeriodicService):
