@@ -42,4 +42,4 @@ class EnqueueOptions(InsertOptions, total=False):
 
 
 #: The keys of `EnqueueOptions` that are not the job's own (`InsertOptions`).
-CALL_OPTIONS = ("after", "on_parent_failure", "backpressure")
+CALL_OPTIONS = frozenset({"after", "on_parent_failure", "backpressure"})

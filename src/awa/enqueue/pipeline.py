@@ -70,7 +70,7 @@ class Enqueue:
 
 def _split(opts: Mapping[str, Any]) -> tuple[Mapping[str, Any], Any, Any, Any]:
     """The job's own options, then ``after``, ``on_parent_failure``, ``backpressure``."""
-    if not any(name in opts for name in CALL_OPTIONS):  # the common call: no copy
+    if CALL_OPTIONS.isdisjoint(opts):  # the common call: no copy
         return opts, None, "cancel", "off"
     own = dict(opts)
     return (own, own.pop("after", None), own.pop("on_parent_failure", "cancel"),
