@@ -83,7 +83,8 @@ def prepare_one(args: Any, opts: EnqueueOptions, router: Router | None = None) -
     own, after, policy, backpressure = _split(opts)
     job = producer.prepare(args, **own, router=router)
     parents = dependencies.parents_of(after, policy)
-    count_cap(backpressure)
+    if backpressure != "off":
+        count_cap(backpressure)  # a bad option raises before a connection is taken
     return Enqueue([job], None if parents is None else [parents], backpressure)
 
 
@@ -114,7 +115,7 @@ class Pipeline:
         e = prepare_one(args, opts, self.router)
         job = e.jobs[0]
         async with self.connect() as conn:
-            depths = await self._measure(conn, e)
+            depths = {} if e.backpressure == "off" else await self._measure(conn, e)
             if e.parents is None:
                 inserted = await producer.insert_one(conn, self.q, job, InsertedJob)
             else:
