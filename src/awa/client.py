@@ -28,18 +28,15 @@ from awa.admin.flow import FlowOps
 from awa.admin.ops import AdminOps
 from awa.admin.overrides import OverrideOps
 from awa.core import serialize, states, validate
-from awa.core.backpressure import Backpressure
 from awa.core.errors import ValidationError
-from awa.core.options import InsertOptions
+from awa.core.options import EnqueueOptions
 from awa.core.results import InsertedJob
 from awa.db import dsn, migrations
 from awa.db.errors import translated
 from awa.db.pool import Conn, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
-from awa.enqueue import backpressure as bp
-from awa.enqueue import dependencies, producer
-from awa.enqueue.dependencies import Policy
 from awa.enqueue.pacing import Pacer
+from awa.enqueue.pipeline import PerJob, Pipeline
 from awa.enqueue.transaction import Transaction, TransactionStart
 from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 from awa.maintenance.cron import CronSchedule
@@ -90,6 +87,13 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         self._descriptors: dict[tuple[Scope, str], dict[str, Any]] = {}
         self._runtime: Runtime | None = None
         callbacks.at_hand(self._q.schema, self._callback_resolver)  # awa.bridge resolves with it
+        self._enqueue = self._pipeline()
+
+    def _pipeline(self) -> Pipeline:
+        """The enqueue pipeline on this client's producer connection (its routing,
+        waiter and depth record)."""
+        return Pipeline(self._q, self._producer, router=self._registry.queue_for,
+                        waiter=self.wait_for, seen=self._record_depths)
 
     @property
     def schema(self) -> str:
@@ -221,29 +225,14 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
 
     # -- enqueue ---------------------------------------------------------------
 
-    async def insert(self, args: Any, *, after: Iterable[Any] | None = None,
-                     on_parent_failure: Policy = "cancel", backpressure: Backpressure = "off",
-                     **opts: Unpack[InsertOptions]) -> InsertedJob:
+    async def insert(self, args: Any, **opts: Unpack[EnqueueOptions]) -> InsertedJob:
         """Enqueue one job; `UniqueConflict` if its unique key is taken. The `Job`
         returned can ``await job.wait(timeout)`` for its result (docs/guide/results.md).
 
         ``after``: jobs (or ids) this one waits for; ``on_parent_failure``: what
         happens to it when one of them fails or is cancelled (docs/guide/workflows.md).
         ``backpressure``: ``"signal"`` or ``Reject(limit)`` (docs/guide/backpressure.md)."""
-        prepared = producer.prepare(args, **opts, router=self._registry.queue_for)
-        parents = dependencies.parents_of(after, on_parent_failure)
-        depths = {}
-        async with self._producer() as conn:
-            if backpressure != "off":
-                depths = self._record_depths(await bp.check(conn, self._q, (prepared,),
-                                                            backpressure))
-            if parents is None:
-                job = await producer.insert_one(conn, self._q, prepared, InsertedJob)
-            else:
-                job = await dependencies.insert_after(conn, self._q, prepared, *parents,
-                                                      job_type=InsertedJob)
-        return InsertedJob.attach(job, async_waiter=self.wait_for,
-                                  depth=depths.get(prepared.queue))
+        return await self._enqueue.insert(args, opts)
 
     async def enqueue_workflow(self, workflow: Node, *,
                                after: Iterable[Any] | None = None) -> WorkflowRun:
@@ -254,63 +243,24 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             return await insert_workflow(conn, self._q, workflow, self._registry.queue_for,
                                          after)
 
-    async def insert_many(self, jobs: Sequence[Any], *,
-                          opts: Sequence[Mapping[str, Any] | None] | None = None,
-                          after: Iterable[Any] | None = None,
-                          on_parent_failure: Policy = "cancel",
-                          backpressure: Backpressure = "off",
-                          **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+    async def insert_many(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                          **defaults: Unpack[EnqueueOptions]) -> list[InsertedJob]:
         """Insert a batch and return its jobs; duplicate unique jobs are skipped.
         Up to 1,000 jobs without ``after`` go as one statement (one round trip,
         one commit); the rest as `insert_many_copy`, whose options it takes."""
-        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
-        prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
-        async with self._producer() as conn:
-            depths = self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
-            if parents is None:
-                inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob)
-            else:
-                inserted = await dependencies.insert_many_after(conn, self._q, prepared, parents,
-                                                                InsertedJob)
-        return [InsertedJob.attach(j, async_waiter=self.wait_for, depth=depths.get(j.queue))
-                for j in inserted]
+        return await self._enqueue.insert_many(jobs, opts, defaults)
 
-    async def insert_many_copy(self, jobs: Sequence[Any], *,
-                               opts: Sequence[Mapping[str, Any] | None] | None = None,
-                               after: Iterable[Any] | None = None,
-                               on_parent_failure: Policy = "cancel",
-                               backpressure: Backpressure = "off",
-                               **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+    async def insert_many_copy(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                               **defaults: Unpack[EnqueueOptions]) -> list[InsertedJob]:
         """Bulk insert through COPY; duplicate unique jobs are skipped. ``after`` and
         ``on_parent_failure`` as on `insert`, for every job (``opts[i]`` may set its own)."""
-        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
-        prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
-        async with self._producer() as conn:
-            depths = self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
-            if parents is None:
-                inserted = await producer.insert_many(conn, self._q, prepared, InsertedJob,
-                                                      copy=True)
-            else:
-                inserted = await dependencies.insert_many_after(conn, self._q, prepared, parents,
-                                                                InsertedJob, copy=True)
-        return [InsertedJob.attach(j, async_waiter=self.wait_for, depth=depths.get(j.queue))
-                for j in inserted]
+        return await self._enqueue.insert_many(jobs, opts, defaults, copy=True)
 
-    async def enqueue_many_copy(self, jobs: Sequence[Any], *,
-                                opts: Sequence[Mapping[str, Any] | None] | None = None,
-                                after: Iterable[Any] | None = None,
-                                on_parent_failure: Policy = "cancel",
-                                backpressure: Backpressure = "off",
-                                **defaults: Unpack[InsertOptions]) -> int:
+    async def enqueue_many_copy(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                                **defaults: Unpack[EnqueueOptions]) -> int:
         """The fastest bulk path (binary COPY); returns how many were inserted. With
         ``after`` (on the call or in ``opts``) the batch takes `insert_many_copy`'s path."""
-        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
-        prepared = producer.prepare_many(jobs, opts, defaults, self._registry.queue_for)
-        async with self._producer() as conn:
-            self._record_depths(await bp.check(conn, self._q, prepared, backpressure))
-            if parents is None:
-                return await producer.copy_many(conn, self._q, prepared)
-            return await dependencies.copy_many_after(conn, self._q, prepared, parents)
+        return await self._enqueue.count_many(jobs, opts, defaults)
 
     def paced(self, queue: str, target_depth: int, *, min_sleep: float = 0.01,
               max_sleep: float = 1.0, max_wait: float | None = None) -> Pacer:
@@ -362,6 +312,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         so later ones count too): a producer-only client next to the worker's."""
         self._registry = other._registry
         self._followups = other._followups
+        self._enqueue = self._pipeline()
 
     # -- follow-ups and hooks (docs/guide/follow-ups.md) -------------------------------
 

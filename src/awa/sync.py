@@ -16,13 +16,13 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from awa.client import AsyncClient
-from awa.core.backpressure import Backpressure, QueueDepth
+from awa.core.backpressure import QueueDepth
 from awa.core.errors import ValidationError
 from awa.core.model import Job
-from awa.core.options import InsertOptions
+from awa.core.options import EnqueueOptions
 from awa.core.results import InsertedJob
-from awa.enqueue.dependencies import Policy
 from awa.enqueue.pacing import Pacer
+from awa.enqueue.pipeline import PerJob
 from awa.enqueue.transaction import Transaction
 from awa.enqueue.workflow import Node, WorkflowRun
 
@@ -86,28 +86,19 @@ class SyncTransaction:
         """Every row as a dict."""
         return self._loop.run(self._tx.fetch_all(sql, *args))
 
-    def insert(self, args: Any, *, after: Iterable[Any] | None = None,
-               on_parent_failure: Policy = "cancel", backpressure: Backpressure = "off",
-               **opts: Unpack[InsertOptions]) -> Job:
+    def insert(self, args: Any, **opts: Unpack[EnqueueOptions]) -> Job:
         """Enqueue one job inside this transaction (as `Transaction.insert`)."""
-        return self._loop.run(self._tx.insert(args, after=after,
-                                              on_parent_failure=on_parent_failure,
-                                              backpressure=backpressure, **opts))
+        return self._loop.run(self._tx.insert(args, **opts))
 
     def enqueue_workflow(self, workflow: Node, *,
                          after: Iterable[Any] | None = None) -> WorkflowRun:
         """Insert a `chain`, `group` or `chord` inside this transaction."""
         return self._loop.run(self._tx.enqueue_workflow(workflow, after=after))
 
-    def insert_many(self, jobs: Sequence[Any], *,
-                    opts: Sequence[Mapping[str, Any] | None] | None = None,
-                    after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
-                    backpressure: Backpressure = "off",
-                    **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+    def insert_many(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                    **defaults: Unpack[EnqueueOptions]) -> list[InsertedJob]:
         """Enqueue many jobs inside this transaction (as `Transaction.insert_many`)."""
-        return self._loop.run(self._tx.insert_many(
-            jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
-            backpressure=backpressure, **defaults))
+        return self._loop.run(self._tx.insert_many(jobs, opts=opts, **defaults))
 
     def commit(self) -> None:
         """Commit and release the connection."""
@@ -198,35 +189,22 @@ class Client:
             return await self._async.transaction()
         return SyncTransaction(self._loop, self._loop.run(open_tx()))
 
-    def insert(self, args: Any, *, after: Iterable[Any] | None = None,
-               on_parent_failure: Policy = "cancel", backpressure: Backpressure = "off",
-               **opts: Unpack[InsertOptions]) -> InsertedJob:
+    def insert(self, args: Any, **opts: Unpack[EnqueueOptions]) -> InsertedJob:
         """Enqueue one job (`AsyncClient.insert`); ``job.wait_sync(timeout)`` waits for it."""
-        job = self._loop.run(self._async.insert(args, after=after,
-                                                on_parent_failure=on_parent_failure,
-                                                backpressure=backpressure, **opts))
+        job = self._loop.run(self._async.insert(args, **opts))
         return InsertedJob.attach(job, sync_waiter=self.wait_for, depth=job.queue_depth)
 
-    def insert_many(self, jobs: Sequence[Any], *,
-                    opts: Sequence[Mapping[str, Any] | None] | None = None,
-                    after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
-                    backpressure: Backpressure = "off",
-                    **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+    def insert_many(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                    **defaults: Unpack[EnqueueOptions]) -> list[InsertedJob]:
         """Insert a batch, up to 1,000 jobs in one statement (`AsyncClient.insert_many`)."""
-        return self._waitable(self._loop.run(self._async.insert_many(
-            jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
-            backpressure=backpressure, **defaults)))
+        return self._waitable(self._loop.run(self._async.insert_many(jobs, opts=opts,
+                                                                     **defaults)))
 
-    def insert_many_copy(self, jobs: Sequence[Any], *,
-                         opts: Sequence[Mapping[str, Any] | None] | None = None,
-                         after: Iterable[Any] | None = None,
-                         on_parent_failure: Policy = "cancel",
-                         backpressure: Backpressure = "off",
-                         **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+    def insert_many_copy(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                         **defaults: Unpack[EnqueueOptions]) -> list[InsertedJob]:
         """Bulk insert through COPY (`AsyncClient.insert_many_copy`)."""
-        return self._waitable(self._loop.run(self._async.insert_many_copy(
-            jobs, opts=opts, after=after, on_parent_failure=on_parent_failure,
-            backpressure=backpressure, **defaults)))
+        return self._waitable(self._loop.run(self._async.insert_many_copy(jobs, opts=opts,
+                                                                          **defaults)))
 
     def _waitable(self, inserted: list[InsertedJob]) -> list[InsertedJob]:
         """The async client's jobs, made to wait with this client (``job.wait_sync``)."""

@@ -33,7 +33,7 @@ from awa.core import states
 from awa.core.callback_rules import compile_rules
 from awa.core.errors import ConfigError
 from awa.core.model import CallbackToken, Job, Outcome
-from awa.core.options import InsertOptions
+from awa.core.options import EnqueueOptions, InsertOptions
 from awa.core.outcomes import OUTCOMES
 from awa.db import dsn
 from awa.db.pool import resolve_database_url
@@ -137,7 +137,8 @@ class AwaTestClient:
         await pool.execute(self.client._q["storage_reset"])
         await pool.execute(self.client._q["queue_unpause_all"])
 
-    async def insert(self, args: Any, **opts: Unpack[InsertOptions]) -> Job:
+    async def insert(self, args: Any, **opts: Unpack[EnqueueOptions]) -> Job:
+        """`AsyncClient.insert` on the client under test."""
         return await self.client.insert(args, **opts)
 
     async def work_one(self, args_type: Any, handler: Handler, *, kind: str | None = None,

@@ -30,14 +30,14 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack, cast
+from typing import Any, Generic, Literal, NoReturn, TypeVar, Unpack
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from awa.core.backpressure import Backpressure, QueueDepth, count_cap
+from awa.core.backpressure import QueueDepth
 from awa.core.errors import (
     AwaError,
     DatabaseError,
@@ -45,13 +45,11 @@ from awa.core.errors import (
     UniqueConflict,
 )
 from awa.core.model import Job
-from awa.core.options import InsertOptions
+from awa.core.options import EnqueueOptions
 from awa.db.errors import UNIQUE_CONSTRAINT, translate
 from awa.db.queries import queries
-from awa.enqueue.backpressure import check_plan
-from awa.enqueue.dependencies import Policy, insert_after_plan, parents_of
+from awa.enqueue.pipeline import Enqueue, prepare_one
 from awa.enqueue.plan import Plan
-from awa.enqueue.producer import PreparedJob, prepare
 from awa.telemetry import otel as telemetry
 
 __all__ = ["insert_job", "insert_job_sync"]  # the callback functions: awa.worker.callbacks
@@ -60,7 +58,7 @@ _ASYNC_TYPES = ("an asyncpg Connection (or pool connection), a psycopg AsyncConn
                 "or a SQLAlchemy AsyncConnection / AsyncSession")
 _SYNC_TYPES = ("a psycopg Connection, a SQLAlchemy Connection / Session, "
                "or a Django connection")
-_OPTION_NAMES = InsertOptions.__optional_keys__ | InsertOptions.__required_keys__
+_OPTION_NAMES = EnqueueOptions.__optional_keys__ | EnqueueOptions.__required_keys__
 _JSON_COLUMNS = ("args", "metadata", "errors", "progress", "output")
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 _COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
@@ -400,33 +398,20 @@ def _check_options(func: str, opts: dict[str, Any]) -> None:
         raise TypeError(f"{func}() got unexpected keyword argument(s) {unknown}")
 
 
-_Inserted = tuple[Row, dict[str, QueueDepth]]
+def _prepared(func: str, args: Any, opts: EnqueueOptions) -> Enqueue:
+    """The pipeline's first stage (everything an insert checks before it touches
+    the connection), after refusing options it does not know."""
+    _check_options(func, dict(opts))
+    return prepare_one(args, opts)
 
 
-def _insert_plan(job: PreparedJob, parents: tuple[list[int], Policy] | None,
-                 backpressure: object) -> Plan[_Inserted]:
-    """Backpressure's count, then the insert (with its edges when it waits)."""
-    depths = yield from check_plan((job,), backpressure)
-    if parents is None:
-        row = yield "job_insert", job.insert_params()
-    else:
-        row = yield from insert_after_plan(job, *parents)
-    return cast(Row, row), depths
+def _guarded(e: Enqueue) -> dict[str, bool]:
+    """A unique job under a savepoint; a waiting job atomic (`_guard`)."""
+    return {"savepoint": e.jobs[0].unique_key is not None, "atomic": e.parents is not None}
 
 
-def _prepared(func: str, args: Any, after: object, on_parent_failure: object,
-              backpressure: object, opts: dict[str, Any]) -> tuple[PreparedJob, Plan[_Inserted],
-                                                                      dict[str, bool]]:
-    """Everything an insert checks before it touches the connection."""
-    _check_options(func, opts)
-    job = prepare(args, **opts)
-    parents = parents_of(after, on_parent_failure)
-    count_cap(backpressure)
-    guard = {"savepoint": job.unique_key is not None, "atomic": parents is not None}
-    return job, _insert_plan(job, parents, backpressure), guard
-
-
-def _inserted(job: PreparedJob, result: _Inserted) -> dict[str, Any]:
+def _inserted(e: Enqueue, result: tuple[Any, dict[str, QueueDepth]]) -> dict[str, Any]:
+    job = e.jobs[0]
     telemetry.inserted(job.kind, job.queue)
     out = _job_dict(dict(result[0]))
     if job.queue in result[1]:
@@ -435,27 +420,21 @@ def _inserted(job: PreparedJob, result: _Inserted) -> dict[str, Any]:
 
 
 async def insert_job(conn: Any, args: Any, *, schema: str = "awa",
-                     after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
-                     backpressure: Backpressure = "off",
-                     **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+                     **opts: Unpack[EnqueueOptions]) -> dict[str, Any]:
     """Insert a job on the caller's async connection, in its current transaction.
 
     ``after`` / ``on_parent_failure`` and ``backpressure`` as on `AsyncClient.insert`
     (with backpressure the dict has the measured ``queue_depth``)."""
-    job, plan, guard = _prepared("insert_job", args, after, on_parent_failure, backpressure,
-                                 dict(opts))
-    return _inserted(job, await _run(conn, plan, schema=schema, **guard))
+    e = _prepared("insert_job", args, opts)
+    return _inserted(e, await _run(conn, e.plan(), schema=schema, **_guarded(e)))
 
 
 def insert_job_sync(conn: Any, args: Any, *, schema: str = "awa",
-                    after: Iterable[Any] | None = None, on_parent_failure: Policy = "cancel",
-                    backpressure: Backpressure = "off",
-                    **opts: Unpack[InsertOptions]) -> dict[str, Any]:
+                    **opts: Unpack[EnqueueOptions]) -> dict[str, Any]:
     """Insert a job on the caller's sync connection, in its current transaction
     (options as `insert_job`)."""
-    job, plan, guard = _prepared("insert_job_sync", args, after, on_parent_failure,
-                                 backpressure, dict(opts))
-    return _inserted(job, _run_sync(conn, plan, schema=schema, **guard))
+    e = _prepared("insert_job_sync", args, opts)
+    return _inserted(e, _run_sync(conn, e.plan(), schema=schema, **_guarded(e)))
 
 
 # -- the caller's connection as named statements (callback resolution) ------------

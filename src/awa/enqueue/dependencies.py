@@ -25,11 +25,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from awa.core import states, validate
 from awa.core.errors import ValidationError
 from awa.core.model import Job
+from awa.core.options import Policy as Policy  # its public path before core.options
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -38,7 +39,6 @@ from awa.enqueue.plan import Plan, Row, run
 from awa.enqueue.producer import J, PreparedJob
 from awa.telemetry import otel as telemetry
 
-Policy = Literal["cancel", "run_anyway", "discard"]
 #: The metadata key that marks a job with dependents (its finish releases them).
 DEPENDENTS_KEY = "_awa_dependents"
 

@@ -6,19 +6,18 @@ transaction commits.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
-from awa.core.backpressure import Backpressure
 from awa.core.errors import AwaError
-from awa.core.options import InsertOptions
+from awa.core.options import EnqueueOptions
 from awa.core.results import AsyncWaiter, InsertedJob
 from awa.db.errors import translated
 from awa.db.pool import Conn
 from awa.db.queries import Queries, rows_affected
-from awa.enqueue import dependencies, producer
-from awa.enqueue.backpressure import check
+from awa.enqueue.pipeline import Held, PerJob, Pipeline
+from awa.enqueue.producer import Router
 from awa.enqueue.workflow import Node, WorkflowRun, insert_workflow
 
 
@@ -27,7 +26,7 @@ class Transaction:
 
     def __init__(self, conn: Conn, q: Queries,
                  release: Callable[[Conn], Awaitable[None]],
-                 router: producer.Router | None = None,
+                 router: Router | None = None,
                  waiter: AsyncWaiter | None = None) -> None:
         self._conn = conn
         self._waiter = waiter
@@ -36,6 +35,7 @@ class Transaction:
         self._release = release
         self._tx = conn.transaction()
         self._done = False
+        self._enqueue = Pipeline(q, Held(conn), router=router, waiter=waiter)
 
     async def _begin(self) -> Transaction:
         with translated():
@@ -72,25 +72,13 @@ class Transaction:
             rows = await self._conn.fetch(sql, *args)
         return [dict(r) for r in rows]
 
-    async def insert(self, args: Any, *, after: Iterable[Any] | None = None,
-                     on_parent_failure: dependencies.Policy = "cancel",
-                     backpressure: Backpressure = "off",
-                     **opts: Unpack[InsertOptions]) -> InsertedJob:
+    async def insert(self, args: Any, **opts: Unpack[EnqueueOptions]) -> InsertedJob:
         """Enqueue one job inside this transaction (``after``: see `AsyncClient.insert`).
 
         ``backpressure`` counts the queue on this transaction's connection: jobs
         other producers committed plus the ones this transaction inserted. A
         `QueueFull` leaves the transaction usable; uncaught, it rolls it back."""
-        prepared = producer.prepare(args, **opts, router=self._router)
-        parents = dependencies.parents_of(after, on_parent_failure)
-        depths = await check(self._conn, self._q, (prepared,), backpressure)
-        if parents is None:
-            job = await producer.insert_one(self._conn, self._q, prepared, InsertedJob)
-        else:
-            job = await dependencies.insert_after(self._conn, self._q, prepared, *parents,
-                                                  job_type=InsertedJob)
-        return InsertedJob.attach(job, async_waiter=self._waiter,
-                                  depth=depths.get(prepared.queue))
+        return await self._enqueue.insert(args, opts)
 
     async def enqueue_workflow(self, workflow: Node, *,
                                after: Iterable[Any] | None = None) -> WorkflowRun:
@@ -98,24 +86,11 @@ class Transaction:
         see `AsyncClient.enqueue_workflow`)."""
         return await insert_workflow(self._conn, self._q, workflow, self._router, after)
 
-    async def insert_many(self, jobs: Sequence[Any], *,
-                          opts: Sequence[Mapping[str, Any] | None] | None = None,
-                          after: Iterable[Any] | None = None,
-                          on_parent_failure: dependencies.Policy = "cancel",
-                          backpressure: Backpressure = "off",
-                          **defaults: Unpack[InsertOptions]) -> list[InsertedJob]:
+    async def insert_many(self, jobs: Sequence[Any], *, opts: PerJob = None,
+                          **defaults: Unpack[EnqueueOptions]) -> list[InsertedJob]:
         """Enqueue many jobs inside this transaction (duplicate unique keys skipped;
         ``after``: see `AsyncClient.insert_many_copy`)."""
-        opts, parents = dependencies.parents_many(len(jobs), opts, after, on_parent_failure)
-        prepared = producer.prepare_many(jobs, opts, defaults, self._router)
-        depths = await check(self._conn, self._q, prepared, backpressure)
-        if parents is None:
-            inserted = await producer.insert_many(self._conn, self._q, prepared, InsertedJob)
-        else:
-            inserted = await dependencies.insert_many_after(self._conn, self._q, prepared,
-                                                            parents, InsertedJob)
-        return [InsertedJob.attach(j, async_waiter=self._waiter, depth=depths.get(j.queue))
-                for j in inserted]
+        return await self._enqueue.insert_many(jobs, opts, defaults)
 
     async def commit(self) -> None:
         """Commit and return the connection to the pool."""

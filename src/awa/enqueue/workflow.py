@@ -24,10 +24,11 @@ from typing import Any
 from awa.core import states
 from awa.core.errors import ValidationError
 from awa.core.model import Job
+from awa.core.options import Policy
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.enqueue import producer
-from awa.enqueue.dependencies import Policy, check_policy, insert_graph, parent_ids
+from awa.enqueue.dependencies import check_policy, insert_graph, parent_ids
 from awa.enqueue.producer import PreparedJob, Router
 
 
