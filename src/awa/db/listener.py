@@ -77,7 +77,7 @@ class Listener:
                     if await behind_pooler(self._url):
                         # Detected, not declared. No probe: behind a transaction
                         # pooler, a LISTEN leaves a server connection listening,
-                        # and PgBouncer before 1.21 takes a server that receives a
+                        # and PgBouncer 1.18 takes a server that receives a
                         # NOTIFY away from the client whose statement it is
                         # running, which then waits for ever (see pool.py).
                         log.warning("LISTEN/NOTIFY is not used behind a connection pooler "

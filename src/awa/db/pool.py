@@ -10,7 +10,7 @@ process id the server announces at connection start is not the one
 
 Awa never LISTENs through a pooler it detected (see `awa.db.listener`): a
 LISTEN through a transaction pooler leaves a server connection listening,
-and PgBouncer before 1.21 releases a server from its client when that server
+and PgBouncer 1.18 (Debian 12's) releases a server from its client when that server
 receives a NOTIFY while it is just starting the client's statement (it takes
 the notification for the end of the transaction): the statement's answer is
 dropped and the client waits for ever.
