@@ -2,7 +2,7 @@
 
 Behind a transaction-pooling PgBouncer that Awa detects by itself, `start()`
 used to hang now and then: the LISTEN probe left a server connection
-listening and then sent it a NOTIFY, and PgBouncer before 1.21 then released
+listening and then sent it a NOTIFY, and PgBouncer 1.18 then released
 that server from whichever client it was just serving, whose statement was
 never answered. A worker behind a detected pooler now never LISTENs, so
 nothing it sends can do that. A small TCP proxy in front of the server shows
