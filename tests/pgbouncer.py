@@ -39,7 +39,7 @@ class PgBouncer:
     """One pgbouncer process; `url(database_url)` routes a test URL through it."""
 
     def __init__(self, server_url: str, *, pool_mode: str = "transaction",
-                 pool_size: int = 4) -> None:
+                 pool_size: int = 4, ignore_startup_parameters: str = "") -> None:
         exe = binary()
         if exe is None:
             pytest.skip(SKIP_REASON)
@@ -68,6 +68,7 @@ class PgBouncer:
             f"default_pool_size = {pool_size}",
             "max_client_conn = 500",
             "server_check_delay = 0",
+            f"ignore_startup_parameters = {ignore_startup_parameters}",
             "",
         ]))
         for f in (auth, config):

@@ -209,9 +209,6 @@ async def test_sync_client_waits(sync_client: awa.Client, client: awa.AsyncClien
 
 
 @pytest.mark.pgbouncer
-@pytest.mark.skip(reason="intermittent: client.start() through a PgBouncer found by auto-detection "
-                  "(no pgbouncer=true in the URL) sometimes never returns under load (seen 3 times "
-                  "in the last 6 loaded runs, 3.11 and 3.12); open defect, see docs/changelog.md")
 async def test_polls_behind_a_transaction_pooler(server_url: str, database_url: str) -> None:
     if binary() is None:
         pytest.skip(SKIP_REASON)

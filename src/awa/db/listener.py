@@ -5,9 +5,10 @@ queue), ``awa_cancel`` (an attempt was cancelled or rescued) or
 ``awa_callback`` (a callback resolved) is handed to the runtime at once;
 without the connection the runtime polls. The connection is probed every
 `LISTEN_PROBE_INTERVAL`, because a half-open one delivers nothing and raises
-nothing, and reopened with backoff after a failure. Behind a transaction
-pooler LISTEN cannot work: the URL says so (``pgbouncer=true``), or a NOTIFY
-sent through the pool never arrives, and the worker only polls.
+nothing, and reopened with backoff after a failure. Every network step has a
+bound (`LISTEN_STEP_TIMEOUT`), so a stalled connection is dropped, never
+waited on. Behind a pooler, declared (``pgbouncer=true``) or detected, the
+worker never LISTENs and only polls: see `run`.
 """
 
 from __future__ import annotations
@@ -15,22 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 import asyncpg
 
 from awa.core import states
-from awa.core.waiting import wait_event
 from awa.db import dsn
-from awa.db.pool import behind_pooler, connect
+from awa.db.pool import behind_pooler, close_within, connect
 from awa.db.queries import Queries
 from awa.telemetry.failures import FailureLog
 
 log = logging.getLogger("awa.runtime")
 CHANNELS = ("awa_jobs", "awa_cancel", "awa_callback")
-#: How long a LISTEN connection behind a pooler waits for its probe NOTIFY.
-LISTEN_PROBE_TIMEOUT = 3.0
+#: The longest any one step of the LISTEN connection may take (connect,
+#: LISTEN, close); a step that takes longer drops the connection.
+LISTEN_STEP_TIMEOUT = 10.0
 
 
 class Listener:
@@ -74,15 +74,20 @@ class Listener:
             try:
                 if conn is None or conn.is_closed():
                     self._conn = None
-                    conn = await connect(self._url)
-                    if await behind_pooler(self._url) and not await self._notify_reaches(conn):
-                        await conn.close()
-                        log.warning("LISTEN/NOTIFY does not work through this connection "
-                                    "pooler (transaction pooling?); polling every %d ms",
-                                    poll_ms)
+                    if await behind_pooler(self._url):
+                        # Detected, not declared. No probe: behind a transaction
+                        # pooler, a LISTEN leaves a server connection listening,
+                        # and PgBouncer 1.18 takes a server that receives a
+                        # NOTIFY away from the client whose statement it is
+                        # running, which then waits for ever (see pool.py).
+                        log.warning("LISTEN/NOTIFY is not used behind a connection pooler "
+                                    "(detected); polling every %d ms (a session pooler: "
+                                    "see pgbouncer=false in the operations guide)", poll_ms)
                         return
-                    for channel in self._channels:
-                        await conn.add_listener(channel, self._deliver)
+                    conn = await connect(self._url, timeout=LISTEN_STEP_TIMEOUT)
+                    async with asyncio.timeout(LISTEN_STEP_TIMEOUT):
+                        for channel in self._channels:
+                            await conn.add_listener(channel, self._deliver)
                     self._conn = conn
                     self._on_connected()
                     failures.ok(what)
@@ -106,20 +111,7 @@ class Listener:
                 delay = min(delay * 2, 5.0)
 
     async def close(self) -> None:
-        """Close the connection (after `run` has ended)."""
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
-
-    async def _notify_reaches(self, conn: asyncpg.Connection) -> bool:
-        """Send a NOTIFY through the pool; True if ``conn`` receives it."""
-        channel = f"awa_probe_{uuid.uuid4().hex}"
-        arrived = asyncio.Event()
-
-        def received(*_: object) -> None:
-            arrived.set()
-        await conn.add_listener(channel, received)
-        await self._pool.execute(self._q["connection_notify_probe"], channel)
-        if not await wait_event(arrived, LISTEN_PROBE_TIMEOUT):
-            return False
-        await conn.remove_listener(channel, received)
-        return True
+        """Close the connection (after `run` has ended), within `LISTEN_STEP_TIMEOUT`."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await close_within(conn, LISTEN_STEP_TIMEOUT)

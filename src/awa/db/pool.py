@@ -7,10 +7,18 @@ made per transaction, and LISTEN does not work. Awa knows it is behind one
 when the URL says ``pgbouncer=true`` (see `awa.db.dsn`), or when the backend
 process id the server announces at connection start is not the one
 ``pg_backend_pid()`` reports: only a pooler in between makes them differ.
+
+Awa never LISTENs through a pooler it detected (see `awa.db.listener`): a
+LISTEN through a transaction pooler leaves a server connection listening,
+and PgBouncer 1.18 (Debian 12's) releases a server from its client when that server
+receives a NOTIFY while it is just starting the client's statement (it takes
+the notification for the end of the transaction): the statement's answer is
+dropped and the client waits for ever.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -126,6 +134,24 @@ class AwaConnection(asyncpg.Connection):
 
 
 _detected: dict[str, bool] = {}
+#: Bounds each step of pooler detection (connect, one query, close): a stalled
+#: pooler fails the caller (which retries) instead of hanging it.
+DETECT_TIMEOUT = 10.0
+
+
+async def close_within(conn: asyncpg.Connection, timeout: float) -> None:
+    """Close ``conn`` gracefully within ``timeout`` seconds, else drop its socket: a
+    graceful close waits for the server (or a pooler) to hang up, which a stalled one
+    never does. Never raises but for cancellation (the connection is gone either way)."""
+    if conn.is_closed():
+        return
+    try:
+        await conn.close(timeout=timeout)
+    except asyncio.CancelledError:
+        conn.terminate()
+        raise
+    except Exception:
+        conn.terminate()
 
 
 async def behind_pooler(database_url: str) -> bool:
@@ -136,11 +162,15 @@ async def behind_pooler(database_url: str) -> bool:
         return target.pooler
     if target.dsn not in _detected:
         conn = await asyncpg.connect(target.dsn, statement_cache_size=0,
+                                     timeout=DETECT_TIMEOUT,
                                      server_settings={"application_name": "awa-probe"})
         try:
-            backend = await conn.fetchval(queries()["connection_backend_pid"])
-        finally:
-            await conn.close()
+            backend = await conn.fetchval(queries()["connection_backend_pid"],
+                                          timeout=DETECT_TIMEOUT)
+        except BaseException:
+            conn.terminate()
+            raise
+        await close_within(conn, DETECT_TIMEOUT)
         _detected[target.dsn] = backend != conn.get_server_pid()
     return _detected[target.dsn]
 
@@ -151,10 +181,12 @@ def _driver_options(pooled: bool) -> dict[str, Any]:
     return {"statement_cache_size": 0} if pooled else {}
 
 
-async def connect(database_url: str) -> asyncpg.Connection:
-    """One connection outside any pool (the LISTEN connection), pooler-aware."""
+async def connect(database_url: str, timeout: float = 60.0) -> asyncpg.Connection:
+    """One connection outside any pool (the LISTEN connection), pooler-aware;
+    ``timeout`` bounds the connection start."""
     pooled = await behind_pooler(database_url)
-    return await asyncpg.connect(dsn.parse(database_url).dsn, **_driver_options(pooled))
+    return await asyncpg.connect(dsn.parse(database_url).dsn, timeout=timeout,
+                                 **_driver_options(pooled))
 
 
 #: The claim pool reads awa.jobs only through indexes, in index order. A plan

@@ -1,14 +1,9 @@
--- Statements about the connection itself: pooler detection and the LISTEN probe.
+-- Statements about the connection itself: pooler detection and the LISTEN ping.
 
 -- name: connection_backend_pid
 -- Differs from the process id announced at connection start only when a
 -- pooler sits between the client and the server.
 SELECT pg_backend_pid()
-
--- name: connection_notify_probe
--- A NOTIFY on this runtime's own probe channel, sent from a pooled connection:
--- the LISTEN connection receives it only if LISTEN works through the pooler.
-SELECT pg_notify($1, '')
 
 -- name: connection_ping
 -- The LISTEN connection's liveness probe (a half-open connection times out).
