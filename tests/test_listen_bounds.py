@@ -167,3 +167,25 @@ async def test_pooler_detection_gives_up_on_a_stalled_server(
     with pytest.raises((TimeoutError, asyncpg.InterfaceError, OSError)):
         await asyncio.wait_for(db_pool.behind_pooler(url), 15)
     assert db_pool.dsn.parse(url).dsn not in db_pool._detected
+
+
+async def test_closing_a_pool_drops_a_connection_that_never_comes_back(
+        database_url: str) -> None:
+    """A connection stranded on a statement would hold a graceful close forever."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    stranded = await pool.acquire()  # never released, as if its statement never returned
+    pid = stranded.get_server_pid()
+    started = time.monotonic()
+    await db_pool.close_pool_within(pool, 0.5)
+    assert time.monotonic() - started < 5
+    watcher = await asyncpg.connect(database_url)
+    try:
+        for _ in range(100):  # the server sees the dropped socket at once, give it 5 s
+            if not await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the stranded connection is still open")
+    finally:
+        await watcher.close()

@@ -33,7 +33,7 @@ from awa.core.options import EnqueueOptions
 from awa.core.results import InsertedJob
 from awa.db import dsn, migrations
 from awa.db.errors import translated
-from awa.db.pool import Conn, create_pool, resolve_database_url
+from awa.db.pool import Conn, close_pool_within, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.enqueue.pacing import Pacer
 from awa.enqueue.pipeline import PerJob, Pipeline
@@ -129,7 +129,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             held, self._producer_conn = self._producer_conn, None
             if held is not None:
                 await pool.release(held)
-            await pool.close()
+            await close_pool_within(pool)
 
     async def __aenter__(self) -> AsyncClient:
         await self.pool()

@@ -58,6 +58,7 @@ class _QuietPoolFloor(logging.Filter):
 
 
 logging.getLogger("asyncpg.pool").addFilter(_QuietPoolFloor())
+log = logging.getLogger("awa.db")
 
 #: A connection as Awa code receives it: direct, or borrowed from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -152,6 +153,21 @@ async def close_within(conn: asyncpg.Connection, timeout: float) -> None:
         raise
     except Exception:
         conn.terminate()
+
+
+#: How long closing a pool waits for its connections to come back before it drops them.
+POOL_CLOSE_TIMEOUT = 10.0
+
+
+async def close_pool_within(pool: asyncpg.Pool, timeout: float = POOL_CLOSE_TIMEOUT) -> None:
+    """Close ``pool`` gracefully within ``timeout`` seconds, else terminate it: a graceful
+    close waits for every borrowed connection, and one stranded on a statement the server
+    (or a pooler) never answers would hold it forever."""
+    try:
+        await asyncio.wait_for(pool.close(), timeout)
+    except TimeoutError:
+        log.warning("pool close: connections still busy after %.0f s; dropping them", timeout)
+        pool.terminate()
 
 
 async def behind_pooler(database_url: str) -> bool:

@@ -27,7 +27,7 @@ import asyncpg
 from awa.core import states
 from awa.db.errors import translated
 from awa.db.listener import Listener
-from awa.db.pool import create_pool
+from awa.db.pool import close_pool_within, create_pool
 from awa.db.queries import Queries
 from awa.maintenance.base import PeriodicService
 from awa.maintenance.batch import BatchRunner
@@ -272,7 +272,7 @@ class Runtime:
         await self.runner.finish(timeout)
         await self.completer.stop(timeout=max(timeout, 5.0))
         if self._claim_pool is not None:
-            await self._claim_pool.close()
+            await close_pool_within(self._claim_pool)
         self._stop_services.set()
         await asyncio.gather(*self._loops, return_exceptions=True)
         if self._listen_task is not None:
@@ -288,7 +288,7 @@ class Runtime:
             log.warning("could not resign leadership or remove presence: %r", exc,
                         exc_info=not unreachable(exc))
         if self._runtime_pool is not None:
-            await self._runtime_pool.close()
+            await close_pool_within(self._runtime_pool)
         self._threads.shutdown(wait=False, cancel_futures=True)
 
     def handlers_in_threads(self) -> int:
