@@ -130,7 +130,7 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
         proto: asyncpg.Pool) -> None:
     async def reclaim(slot: int) -> list[str]:
         truncated = []
-        for family in ("receipts", "closures", "ready", "claim_log"):
+        for family in ("receipts", "closures", "heartbeats", "ready", "claim_log"):
             async with proto.acquire() as conn, conn.transaction():
                 await conn.execute("SET LOCAL lock_timeout = '100ms'")
                 if await conn.fetchval("SELECT awa_proto.reclaim($1, $2::smallint)",
@@ -150,7 +150,7 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
 
     for r in [*first, *rest]:
         await proto.fetchval(CLOSE, r["receipt_slot"], r["id"], r["run_lease"], 1)
-    assert await reclaim(0) == ["receipts", "closures", "ready"]
+    assert await reclaim(0) == ["receipts", "closures", "ready"]  # (no heartbeats there)
     assert await proto.fetchval("SELECT count(*) FROM awa_proto.ready_0") == 0
     # A late second closure of a reclaimed attempt writes nothing.
     assert await proto.fetchval(CLOSE, first[0]["receipt_slot"], 1, first[0]["run_lease"], 2) \
@@ -176,3 +176,24 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
             await tr.commit()
             assert await waiting is False
     assert [r["id"] for r in await claim(proto)] == [99]
+
+
+async def test_a_silent_attempt_is_rescued_and_its_late_completion_dropped(
+        proto: asyncpg.Pool) -> None:
+    await proto.execute(INSERT, [1, 2], 2)
+    a, b = await claim(proto, 2)
+    beat = "SELECT awa_proto.heartbeat($1::smallint, $2, $3)"
+    assert await proto.fetchval(beat, b["receipt_slot"], b["id"], b["run_lease"])
+    await asyncio.sleep(0.3)
+    assert await proto.fetchval(beat, b["receipt_slot"], b["id"], b["run_lease"])
+    # Silent for longer than the limit: job 1 is rescued, job 2 (heartbeating) is not.
+    assert await proto.fetchval("SELECT awa_proto.rescue('0.25 s')") == 1
+    (again,) = await claim(proto)
+    assert (again["id"], again["run_lease"]) == (1, a["run_lease"] + 1)
+    # The rescued attempt's worker finishes late: nothing is written.
+    assert await proto.fetchval(CLOSE, a["receipt_slot"], 1, a["run_lease"], 1) is None
+    assert not await proto.fetchval(beat, a["receipt_slot"], 1, a["run_lease"])
+    # The new attempt and the heartbeating one complete.
+    assert await proto.fetchval(CLOSE, again["receipt_slot"], 1, again["run_lease"], 1) == 1
+    assert await proto.fetchval(CLOSE, b["receipt_slot"], 2, b["run_lease"], 1) == 1
+    assert await proto.fetchval("SELECT awa_proto.rescue('0 s')") == 0

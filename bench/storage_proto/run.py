@@ -39,7 +39,8 @@ SELECT r.id, r.queue, r.kind, r.args, c.run_lease, r.created_at
 FROM c JOIN unnest($2::bigint[], $4::smallint[]) AS k(id, rs) ON k.id = c.id
 CROSS JOIN LATERAL (SELECT * FROM awa_proto.ready w
                     WHERE w.slot = k.rs AND w.id = k.id LIMIT 1) r"""
-FAMILIES = ("receipts", "closures", "ready", "claim_log")  # closures only after receipts
+# closures and heartbeats only after their receipts
+FAMILIES = ("receipts", "closures", "heartbeats", "ready", "claim_log")
 RECLAIM = "SELECT awa_proto.reclaim($1, $2::smallint)"
 EMPTY = """SELECT NOT EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = $1)
                  AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = $1)

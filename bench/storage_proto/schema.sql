@@ -73,6 +73,16 @@ CREATE TABLE awa_proto.closures (
 ) PARTITION BY LIST (slot);
 CREATE UNIQUE INDEX ON awa_proto.closures (slot, id, run_lease);
 
+-- "Attempt (id, lease) was alive at": one row per heartbeat, in its receipt's
+-- slot. A job shorter than the heartbeat interval never writes one.
+CREATE TABLE awa_proto.heartbeats (
+    slot      smallint NOT NULL,
+    id        bigint NOT NULL,
+    run_lease bigint NOT NULL,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp()
+) PARTITION BY LIST (slot);
+CREATE INDEX ON awa_proto.heartbeats (slot, id, run_lease, at);
+
 -- Finished jobs (history), append-only; the real schema keeps awa.jobs_done.
 CREATE TABLE awa_proto.done (
     id bigint NOT NULL, queue text NOT NULL, kind text NOT NULL, args jsonb NOT NULL,
@@ -88,6 +98,7 @@ BEGIN
         EXECUTE format('CREATE TABLE awa_proto.claim_log_%s PARTITION OF awa_proto.claim_log FOR VALUES IN (%s)', s, s);
         EXECUTE format('CREATE TABLE awa_proto.receipts_%s PARTITION OF awa_proto.receipts FOR VALUES IN (%s)', s, s);
         EXECUTE format('CREATE TABLE awa_proto.closures_%s PARTITION OF awa_proto.closures FOR VALUES IN (%s)', s, s);
+        EXECUTE format('CREATE TABLE awa_proto.heartbeats_%s PARTITION OF awa_proto.heartbeats FOR VALUES IN (%s)', s, s);
     END LOOP;
 END $$;
 
@@ -211,8 +222,8 @@ END $$;
 -- waits for nothing else: reclaiming cannot deadlock with claims or
 -- completions, which a truncate of several tables at once did.
 --   receipts_s: every receipt has its closure.
---   closures_s: receipts_s is empty (a closure is only written for a receipt
---               that exists, so none can arrive after this).
+--   closures_s, heartbeats_s: receipts_s is empty (both are only written for
+--               a receipt that exists, so none can arrive after this).
 --   ready_s:    every row is in a tick that every lane has passed, and no
 --               open attempt (in any slot) still reads it.
 --   claim_log_s: every tick is older than the oldest lane cursor needs.
@@ -223,7 +234,7 @@ DECLARE
     spent    pg_snapshot;
     ok       boolean;
 BEGIN
-    IF family NOT IN ('ready', 'receipts', 'closures', 'claim_log') THEN
+    IF family NOT IN ('ready', 'receipts', 'closures', 'heartbeats', 'claim_log') THEN
         RAISE EXCEPTION 'no such table family: %', family;
     END IF;
     EXECUTE format('LOCK TABLE awa_proto.%I IN ACCESS EXCLUSIVE MODE', family || '_' || s);
@@ -235,13 +246,13 @@ BEGIN
         SELECT DISTINCT ON (queue) cur_tick FROM awa_proto.claim_log ORDER BY queue, n DESC) c,
         unnest(c.cur_tick) t;
     SELECT c.snap INTO spent FROM awa_proto.claim_log c WHERE c.n = min_tick - 1;
-    ok := CASE family
-        WHEN 'receipts' THEN NOT EXISTS (
+    ok := CASE
+        WHEN family = 'receipts' THEN NOT EXISTS (
             SELECT 1 FROM awa_proto.receipts r WHERE r.slot = s AND NOT EXISTS (
                 SELECT 1 FROM awa_proto.closures c
                 WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease))
-        WHEN 'closures' THEN NOT EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = s)
-        WHEN 'ready' THEN spent IS NOT NULL
+        WHEN family IN ('closures', 'heartbeats') THEN NOT EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = s)
+        WHEN family = 'ready' THEN spent IS NOT NULL
             AND NOT EXISTS (SELECT 1 FROM awa_proto.ready r WHERE r.slot = s
                             AND NOT pg_visible_in_snapshot(r.xid, spent))
             AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts r WHERE r.ready_slot = s
@@ -271,3 +282,49 @@ BEGIN
     UPDATE awa_proto.ring SET slot = nxt, rotated_at = clock_timestamp();
     RETURN nxt;
 END $$;
+
+-- Rescue: every open attempt (a receipt without a closure) not heard from
+-- (heartbeat, else claim) for p_stale is closed as rescued and its job put back
+-- as a new ready row, the next attempt starting from its run lease. The closure
+-- is the guard: a worker that finishes the rescued attempt later finds it and
+-- writes nothing. Returns how many were rescued.
+CREATE FUNCTION awa_proto.rescue(p_stale interval) RETURNS integer
+LANGUAGE sql AS $$
+    WITH stale AS (
+        SELECT r.* FROM awa_proto.receipts r
+        WHERE r.claimed_at < now() - p_stale
+          AND NOT EXISTS (SELECT 1 FROM awa_proto.closures c
+                          WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
+          AND NOT EXISTS (SELECT 1 FROM awa_proto.heartbeats h
+                          WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease
+                            AND h.at >= now() - p_stale)
+    ), closed AS (
+        INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
+        SELECT slot, id, run_lease, 3 FROM stale
+        ON CONFLICT DO NOTHING RETURNING id, run_lease
+    ), again AS (
+        INSERT INTO awa_proto.ready (id, queue, priority, kind, args, lease_base, created_at)
+        SELECT w.id, w.queue, w.priority, w.kind, w.args, c.run_lease, w.created_at
+        FROM closed c JOIN stale s USING (id, run_lease)
+        CROSS JOIN LATERAL (SELECT * FROM awa_proto.ready w
+                            WHERE w.slot = s.ready_slot AND w.id = s.id LIMIT 1) w
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM again
+$$;
+
+-- A heartbeat of attempt (slot, id, lease), written only while it is open.
+CREATE FUNCTION awa_proto.heartbeat(p_slot smallint, p_id bigint, p_lease bigint)
+RETURNS boolean
+LANGUAGE sql AS $$
+    WITH hb AS (
+        INSERT INTO awa_proto.heartbeats (slot, id, run_lease)
+        SELECT p_slot, p_id, p_lease
+        WHERE EXISTS (SELECT 1 FROM awa_proto.receipts
+                      WHERE slot = p_slot AND id = p_id AND run_lease = p_lease)
+          AND NOT EXISTS (SELECT 1 FROM awa_proto.closures
+                          WHERE slot = p_slot AND id = p_id AND run_lease = p_lease)
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM hb)
+$$;
