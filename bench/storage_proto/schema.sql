@@ -187,6 +187,7 @@ BEGIN
         WHILE t <= n_new LOOP
             IF want = 0 THEN EXIT; END IF;
             IF t = 1 THEN lo := '1:1:';
+            ELSIF t - 1 = last.n THEN lo := last.snap;  -- a lane that is caught up: no lookup
             ELSE SELECT c.snap INTO lo FROM awa_proto.claim_log c WHERE c.queue = p_queue AND c.n = t - 1;
             END IF;
             IF t = n_new THEN hi := s_now;
