@@ -20,6 +20,8 @@ import pytest
 SCHEMA = Path(__file__).parent.parent / "bench" / "storage_proto" / "schema.sql"
 INSERT = """INSERT INTO awa_proto.ready (id, queue, priority, kind, args)
             SELECT i, 'q', $2, 'k', '{}'::jsonb FROM unnest($1::bigint[]) i"""
+MUTABLE = """INSERT INTO awa_proto.jobs (id, queue, priority, kind, args)
+             SELECT i, 'q', $2, 'k', '{}'::jsonb FROM unnest($1::bigint[]) i"""
 # A closure is written only for a receipt that exists: once a slot's receipts
 # are reclaimed, a late writer for one of them finds nothing to close.
 CLOSE = """INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
@@ -42,7 +44,8 @@ async def claim(pool: asyncpg.Pool, n: int = 16) -> list[asyncpg.Record]:
 
 async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
         proto: asyncpg.Pool) -> None:
-    """Producers commit out of order, roll back, and stay open across many claims."""
+    """Producers commit out of order, roll back, and stay open across many claims;
+    a fifth of their jobs go to the mutable lane."""
     committed: set[int] = set()
     rolled_back: set[int] = set()
     ids = iter(range(1, 10**9))
@@ -55,7 +58,10 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
                 batch = [next(ids) for _ in range(rng.randint(1, 30))]
                 tr = conn.transaction()
                 await tr.start()
-                await conn.execute(INSERT, batch, rng.randint(1, 4))
+                if rng.random() < 0.2:  # some into the mutable lane
+                    await conn.execute(MUTABLE, batch, rng.randint(1, 4))
+                else:
+                    await conn.execute(INSERT, batch, rng.randint(1, 4))
                 # Some stay open while other transactions commit and claims run.
                 await asyncio.sleep(rng.choice([0, 0, 0.001, 0.02, 0.3]))
                 if rng.random() < 0.15:
@@ -197,3 +203,17 @@ async def test_a_silent_attempt_is_rescued_and_its_late_completion_dropped(
     assert await proto.fetchval(CLOSE, again["receipt_slot"], 1, again["run_lease"], 1) == 1
     assert await proto.fetchval(CLOSE, b["receipt_slot"], 2, b["run_lease"], 1) == 1
     assert await proto.fetchval("SELECT awa_proto.rescue('0 s')") == 0
+
+
+async def test_the_claim_reads_both_lanes_in_priority_order(proto: asyncpg.Pool) -> None:
+    """Jobs that need mutable state stay in the mutable lane; priority orders across both."""
+    await proto.execute("INSERT INTO awa_proto.jobs (id, queue, priority, kind, args) "
+                        "VALUES (101, 'q', 1, 'k', '{}'), (102, 'q', 3, 'k', '{}')")
+    await proto.execute(INSERT, [1], 2)
+    await proto.execute(INSERT, [2], 1)
+    rows = await claim(proto, 10)
+    assert [(r["id"], r["receipt_slot"] is None) for r in rows] == [
+        (101, True), (2, False), (1, False), (102, True)]
+    assert await claim(proto, 10) == []
+    assert await proto.fetchval("SELECT count(*) FROM awa_proto.jobs WHERE state = 'running' "
+                                "AND run_lease = 1") == 2

@@ -104,6 +104,20 @@ END $$;
 
 CREATE SEQUENCE awa_proto.job_id;
 
+-- The mutable lane, as awa.jobs is today (reduced to what a claim reads): the
+-- jobs that need coordination state stay here, and the claim reads both lanes.
+CREATE TABLE awa_proto.jobs (
+    id        bigint PRIMARY KEY,
+    queue     text NOT NULL,
+    priority  smallint NOT NULL,
+    state     text NOT NULL DEFAULT 'available',
+    run_lease bigint NOT NULL DEFAULT 0,
+    run_at    timestamptz NOT NULL DEFAULT now(),
+    kind      text NOT NULL,
+    args      jsonb NOT NULL
+);
+CREATE INDEX ON awa_proto.jobs (queue, priority, run_at, id) WHERE state = 'available';
+
 -- The rows of lane (queue, priority) that became visible between snapshots
 -- lo and hi, after position (x, i), in (xid, id) order. Rows of transactions
 -- that were running at lo and ended by hi come first, from exact index probes
@@ -166,6 +180,7 @@ DECLARE
     lo       pg_snapshot;
     hi       pg_snapshot;
     r        awa_proto.ready;
+    m        record;
     rslot    smallint := awa_proto.current_slot();
     c_ids    bigint[] := '{}';
     c_leases bigint[] := '{}';
@@ -183,6 +198,21 @@ BEGIN
         ticks := last.cur_tick; xs := last.cur_xid; ids := last.cur_id;
     END IF;
     FOR p IN 1..4 LOOP
+        -- The mutable lane's jobs of this priority first (they are the fewer),
+        -- then the ring's: priority orders across both lanes, age within each.
+        IF want > 0 THEN
+            FOR m IN UPDATE awa_proto.jobs j SET state = 'running', run_lease = j.run_lease + 1
+                     WHERE j.id IN (SELECT a.id FROM awa_proto.jobs a
+                                    WHERE a.queue = p_queue AND a.priority = p
+                                      AND a.state = 'available'
+                                    ORDER BY a.run_at, a.id LIMIT want FOR UPDATE SKIP LOCKED)
+                     RETURNING j.id, j.kind, j.args, j.run_lease LOOP
+                id := m.id; kind := m.kind; args := m.args; run_lease := m.run_lease;
+                receipt_slot := NULL; ready_slot := NULL;  -- the mutable lane: no receipt
+                want := want - 1;
+                RETURN NEXT;
+            END LOOP;
+        END IF;
         t := ticks[p]; x := xs[p]; i := ids[p];
         WHILE t <= n_new LOOP
             IF want = 0 THEN EXIT; END IF;
