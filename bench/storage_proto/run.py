@@ -150,10 +150,17 @@ async def main() -> None:
     ap.add_argument("--rotate-every", type=float, default=15)
     ap.add_argument("--lock-ms", type=int, default=100,
                     help="how long a TRUNCATE may wait for its lock (claims wait behind it)")
+    ap.add_argument("--drain", type=int, default=0,
+                    help="instead: insert this many jobs (1,000 per transaction), then time "
+                         "the workers draining them, and the WAL per job of each part")
     ap.add_argument("--out", help="write the samples as JSON here")
     ns = ap.parse_args()
     admin = await asyncpg.connect(ns.url)
     await admin.execute((HERE / "schema.sql").read_text())
+    if ns.drain:
+        await drain(ns, admin)
+        await admin.close()
+        return
     pool = await asyncpg.create_pool(ns.url, min_size=ns.workers + 2, max_size=ns.workers + 4)
     stop = asyncio.Event()
     st = Stats()
@@ -187,6 +194,33 @@ async def main() -> None:
     if ns.out:
         Path(ns.out).write_text(json.dumps(samples, indent=1))
     print(summary(samples, ns.clean, ns.clean + ns.hold, ns.rate))
+
+
+async def drain(ns: argparse.Namespace, admin: asyncpg.Connection) -> None:
+    """Insert ``ns.drain`` jobs, then drain them with ``ns.workers`` claimers: jobs/s and
+    WAL bytes per job for the inserts and for claim + complete."""
+    wal = "SELECT pg_current_wal_insert_lsn()"
+    lsn0 = await admin.fetchval(wal)
+    for _ in range(ns.drain // 1000):
+        await admin.execute(INSERT, 1000)
+    lsn1 = await admin.fetchval(wal)
+    pool = await asyncpg.create_pool(ns.url, min_size=ns.workers, max_size=ns.workers + 1)
+    st, stop = Stats(), asyncio.Event()
+    began = time.perf_counter()
+    tasks = [asyncio.create_task(worker(pool, ns.batch, stop, st)) for _ in range(ns.workers)]
+    while st.completed < ns.drain // 1000 * 1000:
+        await asyncio.sleep(0.01)
+    took = time.perf_counter() - began
+    stop.set()
+    await asyncio.gather(*tasks)
+    lsn2 = await admin.fetchval(wal)
+    n = st.completed
+    lat = sorted(st.claim_ms)
+    print(f"drain of {n} jobs by {ns.workers} claimers (batch {ns.batch}): {n / took:,.0f} jobs/s; "
+          f"claim statement p50 {lat[len(lat) // 2]:.2f} ms; "
+          f"WAL per job: insert {(lsn1 - lsn0) / n:,.0f} B, claim + complete "
+          f"{(lsn2 - lsn1) / n:,.0f} B")
+    await pool.close()
 
 
 def summary(samples: list[dict], hold_from: float, hold_to: float, rate: int) -> str:
