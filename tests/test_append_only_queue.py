@@ -217,3 +217,17 @@ async def test_the_claim_reads_both_lanes_in_priority_order(proto: asyncpg.Pool)
     assert await claim(proto, 10) == []
     assert await proto.fetchval("SELECT count(*) FROM awa_proto.jobs WHERE state = 'running' "
                                 "AND run_lease = 1") == 2
+
+
+async def test_an_idle_queue_is_polled_without_writing(proto: asyncpg.Pool) -> None:
+    await proto.execute(INSERT, [1], 2)
+    assert len(await claim(proto)) == 1
+    await claim(proto)  # the lanes catch up with the last tick
+    ticks = await proto.fetchval("SELECT count(*) FROM awa_proto.claim_log")
+    async with proto.acquire() as conn, conn.transaction():
+        for _ in range(5):
+            assert await conn.fetch("SELECT * FROM awa_proto.claim('q', 10)") == []
+        assert await conn.fetchval("SELECT pg_current_xact_id_if_assigned()") is None
+    assert await proto.fetchval("SELECT count(*) FROM awa_proto.claim_log") == ticks
+    await proto.execute(INSERT, [2], 2)  # and the next job is still found
+    assert [r["id"] for r in await claim(proto)] == [2]

@@ -240,6 +240,14 @@ BEGIN
         END LOOP;
         ticks[p] := t; xs[p] := x; ids[p] := i;
     END LOOP;
+    -- A claim that took nothing from the ring while every lane was caught up
+    -- writes nothing: its window was empty, and the next claim's window (from
+    -- the same last tick) covers it. So an idle queue's polls stay read-only:
+    -- no transaction id, no WAL, no commit to flush.
+    IF cardinality(c_ids) = 0 AND last.n IS NOT NULL
+       AND last.cur_tick = array_fill(last.n + 1, ARRAY[4]) THEN
+        RETURN;
+    END IF;
     INSERT INTO awa_proto.receipts (slot, id, run_lease, queue, ready_slot)
     SELECT rslot, u.i, u.l, p_queue, u.s FROM unnest(c_ids, c_leases, c_slots) AS u(i, l, s);
     INSERT INTO awa_proto.claim_log (queue, n, snap, cur_tick, cur_xid, cur_id)
