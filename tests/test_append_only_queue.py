@@ -45,8 +45,9 @@ async def claim(pool: asyncpg.Pool, n: int = 16) -> list[asyncpg.Record]:
 async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
         proto: asyncpg.Pool) -> None:
     """Producers commit out of order, roll back, and stay open across many claims;
-    a fifth of their jobs go to the mutable lane."""
+    a fifth of their jobs go to the mutable lane; ring jobs are cancelled meanwhile."""
     committed: set[int] = set()
+    mutable: set[int] = set()
     rolled_back: set[int] = set()
     ids = iter(range(1, 10**9))
     producing = True
@@ -58,7 +59,8 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
                 batch = [next(ids) for _ in range(rng.randint(1, 30))]
                 tr = conn.transaction()
                 await tr.start()
-                if rng.random() < 0.2:  # some into the mutable lane
+                in_mutable = rng.random() < 0.2  # some into the mutable lane
+                if in_mutable:
                     await conn.execute(MUTABLE, batch, rng.randint(1, 4))
                 else:
                     await conn.execute(INSERT, batch, rng.randint(1, 4))
@@ -70,6 +72,8 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
                 else:
                     await tr.commit()
                     committed.update(batch)
+                    if in_mutable:
+                        mutable.update(batch)
 
     claimed: list[int] = []
 
@@ -89,19 +93,32 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
             while producing:
                 await asyncio.sleep(0.05)
 
+    cancelled: set[int] = set()  # cancelled while available: never to be claimed
+
+    async def canceller() -> None:
+        rng = random.Random(99)
+        while producing:
+            ring_jobs = sorted(committed - mutable)
+            if ring_jobs:
+                job = rng.choice(ring_jobs)
+                if await proto.fetchval("SELECT awa_proto.cancel($1)", job) == "available":
+                    cancelled.add(job)
+            await asyncio.sleep(0.005)
+
     claimers = [asyncio.create_task(claimer()) for _ in range(3)]
     holder = asyncio.create_task(held_horizon())
+    cancelling = asyncio.create_task(canceller())
     await asyncio.gather(*(producer(s) for s in range(6)))
     producing = False
-    await asyncio.gather(*claimers, holder)
+    await asyncio.gather(*claimers, holder, cancelling)
     # A last claim after every producer has ended finds nothing left over.
     assert await claim(proto, 1000) == []
 
     counts = Counter(claimed)
-    assert set(counts) == committed
+    assert set(counts) == committed - cancelled
     assert max(counts.values()) == 1
     assert not rolled_back & set(counts)
-    assert len(committed) > 1000 and rolled_back
+    assert len(committed) > 1000 and rolled_back and cancelled
 
 
 async def test_a_long_open_producer_is_picked_up_when_it_commits(proto: asyncpg.Pool) -> None:
@@ -136,7 +153,8 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
         proto: asyncpg.Pool) -> None:
     async def reclaim(slot: int) -> list[str]:
         truncated = []
-        for family in ("receipts", "closures", "heartbeats", "ready", "claim_log"):
+        for family in ("receipts", "closures", "heartbeats", "ready", "ready_cancels",
+                       "claim_log"):
             async with proto.acquire() as conn, conn.transaction():
                 await conn.execute("SET LOCAL lock_timeout = '100ms'")
                 if await conn.fetchval("SELECT awa_proto.reclaim($1, $2::smallint)",
@@ -145,20 +163,24 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
         return truncated
 
     await proto.execute(INSERT, [1, 2, 3], 2)  # into slot 0
-    first = await claim(proto, 1)
+    first = await claim(proto, 1)  # job 1, its receipt in slot 0
     await proto.execute("UPDATE awa_proto.ring SET slot = 2")
-    assert await reclaim(0) == []  # two jobs in slot 0 are not claimed yet
+    # Job 1's attempt is still open: it moves to the mutable lane and its
+    # receipts can go; jobs 2 and 3 are not claimed yet, so the ready rows stay.
+    assert await reclaim(0) == ["receipts", "closures"]
+    assert await proto.fetchval("SELECT state FROM awa_proto.jobs WHERE id = 1") == "running"
 
     rest = await claim(proto, 10)
     assert [r["id"] for r in rest] == [2, 3]
-    # Every job is claimed, but the attempts are open: only the old tick goes.
+    # Every job is claimed, but two attempts (receipts in slot 2) still read
+    # their ready rows: only the old tick goes.
     assert await reclaim(0) == ["claim_log"]
 
-    for r in [*first, *rest]:
+    for r in rest:
         await proto.fetchval(CLOSE, r["receipt_slot"], r["id"], r["run_lease"], 1)
-    assert await reclaim(0) == ["receipts", "closures", "ready"]  # (no heartbeats there)
+    assert await reclaim(0) == ["ready"]
     assert await proto.fetchval("SELECT count(*) FROM awa_proto.ready_0") == 0
-    # A late second closure of a reclaimed attempt writes nothing.
+    # A late closure of job 1's ring attempt writes nothing.
     assert await proto.fetchval(CLOSE, first[0]["receipt_slot"], 1, first[0]["run_lease"], 2) \
         is None
 
@@ -231,3 +253,39 @@ async def test_an_idle_queue_is_polled_without_writing(proto: asyncpg.Pool) -> N
     assert await proto.fetchval("SELECT count(*) FROM awa_proto.claim_log") == ticks
     await proto.execute(INSERT, [2], 2)  # and the next job is still found
     assert [r["id"] for r in await claim(proto)] == [2]
+
+
+async def test_a_cancel_reaches_an_available_and_a_running_ring_job(proto: asyncpg.Pool) -> None:
+    await proto.execute(INSERT, [1, 2, 3], 2)
+    cancel = "SELECT awa_proto.cancel($1)"
+    assert await proto.fetchval(cancel, 2) == "available"
+    rows = await claim(proto, 10)
+    assert [r["id"] for r in rows] == [1, 3]  # the claim passed over job 2
+    assert await proto.fetchval(cancel, 1) == "running"
+    assert await proto.fetchval(cancel, 1) is None  # already closed
+    assert await proto.fetchval(CLOSE, rows[0]["receipt_slot"], 1, rows[0]["run_lease"], 1) \
+        is None  # its worker finishes: nothing is written
+    assert await proto.fetchval(CLOSE, rows[1]["receipt_slot"], 3, rows[1]["run_lease"], 1) == 1
+    assert await claim(proto, 10) == []
+
+
+async def test_a_long_attempt_moves_to_the_mutable_lane_so_its_slot_can_go(
+        proto: asyncpg.Pool) -> None:
+    async def reclaim(family: str, slot: int) -> bool:
+        async with proto.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '100ms'")
+            return await conn.fetchval("SELECT awa_proto.reclaim($1, $2::smallint)",
+                                       family, slot)
+
+    await proto.execute(INSERT, [1], 2)  # slot 0
+    (job,) = await claim(proto)  # its receipt in slot 0 too
+    await proto.execute("UPDATE awa_proto.ring SET slot = 2")
+    await claim(proto)  # a tick after, in slot 2
+    assert await reclaim("receipts", 0)
+    assert await reclaim("closures", 0)
+    assert await reclaim("ready", 0)
+    assert await proto.fetchval("SELECT count(*) FROM awa_proto.ready_0") == 0
+    # The attempt lives on in the mutable lane, with its run lease and payload.
+    moved = await proto.fetchrow("SELECT state, run_lease, kind FROM awa_proto.jobs WHERE id = 1")
+    assert dict(moved) == {"state": "running", "run_lease": job["run_lease"], "kind": "k"}
+    assert await proto.fetchval(CLOSE, job["receipt_slot"], 1, job["run_lease"], 1) is None

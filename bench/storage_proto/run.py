@@ -40,7 +40,7 @@ FROM c JOIN unnest($2::bigint[], $4::smallint[]) AS k(id, rs) ON k.id = c.id
 CROSS JOIN LATERAL (SELECT * FROM awa_proto.ready w
                     WHERE w.slot = k.rs AND w.id = k.id LIMIT 1) r"""
 # closures and heartbeats only after their receipts
-FAMILIES = ("receipts", "closures", "heartbeats", "ready", "claim_log")
+FAMILIES = ("receipts", "closures", "heartbeats", "ready", "ready_cancels", "claim_log")
 RECLAIM = "SELECT awa_proto.reclaim($1, $2::smallint)"
 EMPTY = """SELECT NOT EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = $1)
                  AND NOT EXISTS (SELECT 1 FROM awa_proto.receipts WHERE slot = $1)

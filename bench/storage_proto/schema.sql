@@ -36,6 +36,16 @@ CREATE TABLE awa_proto.ready (
 CREATE INDEX ON awa_proto.ready (queue, priority, xid, id);
 CREATE INDEX ON awa_proto.ready (id);
 
+-- An available ring job cancelled before any claim took it, in its ready
+-- row's slot: claims pass over it. Written under the queue's claim lock, so a
+-- claim and a cancel of one job cannot cross.
+CREATE TABLE awa_proto.ready_cancels (
+    slot       smallint NOT NULL,
+    id         bigint NOT NULL,
+    lease_base bigint NOT NULL
+) PARTITION BY LIST (slot);
+CREATE UNIQUE INDEX ON awa_proto.ready_cancels (slot, id, lease_base);
+
 -- One row per claim transaction: its snapshot (the tick) and where each
 -- priority lane's cursor stands after it: all rows of ticks before cur_tick
 -- are spent, and of tick cur_tick those up to (cur_xid, cur_id).
@@ -63,6 +73,7 @@ CREATE TABLE awa_proto.receipts (
     claimed_at timestamptz NOT NULL DEFAULT now()
 ) PARTITION BY LIST (slot);
 CREATE UNIQUE INDEX ON awa_proto.receipts (slot, id, run_lease);
+CREATE INDEX ON awa_proto.receipts (id);
 
 CREATE TABLE awa_proto.closures (
     slot      smallint NOT NULL,
@@ -96,6 +107,7 @@ BEGIN
     FOR s IN 0..7 LOOP
         EXECUTE format('CREATE TABLE awa_proto.ready_%s PARTITION OF awa_proto.ready FOR VALUES IN (%s)', s, s);
         EXECUTE format('CREATE TABLE awa_proto.claim_log_%s PARTITION OF awa_proto.claim_log FOR VALUES IN (%s)', s, s);
+        EXECUTE format('CREATE TABLE awa_proto.ready_cancels_%s PARTITION OF awa_proto.ready_cancels FOR VALUES IN (%s)', s, s);
         EXECUTE format('CREATE TABLE awa_proto.receipts_%s PARTITION OF awa_proto.receipts FOR VALUES IN (%s)', s, s);
         EXECUTE format('CREATE TABLE awa_proto.closures_%s PARTITION OF awa_proto.closures FOR VALUES IN (%s)', s, s);
         EXECUTE format('CREATE TABLE awa_proto.heartbeats_%s PARTITION OF awa_proto.heartbeats FOR VALUES IN (%s)', s, s);
@@ -181,6 +193,10 @@ DECLARE
     hi       pg_snapshot;
     r        awa_proto.ready;
     m        record;
+    seen     int;
+    asked    int;
+    passed   int := 0;
+    cancels  boolean := EXISTS (SELECT 1 FROM awa_proto.ready_cancels);
     rslot    smallint := awa_proto.current_slot();
     c_ids    bigint[] := '{}';
     c_leases bigint[] := '{}';
@@ -223,10 +239,17 @@ BEGIN
             IF t = n_new THEN hi := s_now;
             ELSE SELECT c.snap INTO hi FROM awa_proto.claim_log c WHERE c.queue = p_queue AND c.n = t;
             END IF;
-            got := 0;
+            got := 0; seen := 0; asked := want;
             FOR r IN SELECT * FROM awa_proto.window_rows(p_queue, p::smallint, lo, hi, x, i, want) LOOP
-                got := got + 1;
+                seen := seen + 1;
                 x := r.xid; i := r.id;
+                IF cancels AND EXISTS (SELECT 1 FROM awa_proto.ready_cancels c
+                                       WHERE c.slot = r.slot AND c.id = r.id
+                                         AND c.lease_base = r.lease_base) THEN
+                    passed := passed + 1;  -- cancelled while available: passed over
+                    CONTINUE;
+                END IF;
+                got := got + 1;
                 id := r.id; kind := r.kind; args := r.args; run_lease := r.lease_base + 1;
                 receipt_slot := rslot; ready_slot := r.slot;
                 c_ids := c_ids || r.id; c_leases := c_leases || (r.lease_base + 1);
@@ -234,7 +257,7 @@ BEGIN
                 RETURN NEXT;
             END LOOP;
             want := want - got;
-            IF want > 0 THEN  -- tick t is spent: the lane moves to the next one
+            IF seen < asked THEN  -- tick t is spent: the lane moves to the next one
                 t := t + 1; x := '0'; i := 0;
             END IF;
         END LOOP;
@@ -244,7 +267,7 @@ BEGIN
     -- writes nothing: its window was empty, and the next claim's window (from
     -- the same last tick) covers it. So an idle queue's polls stay read-only:
     -- no transaction id, no WAL, no commit to flush.
-    IF cardinality(c_ids) = 0 AND last.n IS NOT NULL
+    IF cardinality(c_ids) = 0 AND passed = 0 AND last.n IS NOT NULL
        AND last.cur_tick = array_fill(last.n + 1, ARRAY[4]) THEN
         RETURN;
     END IF;
@@ -273,7 +296,8 @@ DECLARE
     spent    pg_snapshot;
     ok       boolean;
 BEGIN
-    IF family NOT IN ('ready', 'receipts', 'closures', 'heartbeats', 'claim_log') THEN
+    IF family NOT IN ('ready', 'ready_cancels', 'receipts', 'closures', 'heartbeats',
+                      'claim_log') THEN
         RAISE EXCEPTION 'no such table family: %', family;
     END IF;
     EXECUTE format('LOCK TABLE awa_proto.%I IN ACCESS EXCLUSIVE MODE', family || '_' || s);
@@ -285,7 +309,16 @@ BEGIN
         SELECT DISTINCT ON (queue) cur_tick FROM awa_proto.claim_log ORDER BY queue, n DESC) c,
         unnest(c.cur_tick) t;
     SELECT c.snap INTO spent FROM awa_proto.claim_log c WHERE c.n = min_tick - 1;
+    IF family = 'receipts' THEN
+        -- Attempts still open in a slot old enough to reclaim (jobs running for
+        -- longer than the ring's span) move to the mutable lane.
+        PERFORM awa_proto.materialize(r.slot, r.id, r.run_lease)
+        FROM awa_proto.receipts r WHERE r.slot = s AND NOT EXISTS (
+            SELECT 1 FROM awa_proto.closures c
+            WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease);
+    END IF;
     ok := CASE
+        WHEN family = 'ready_cancels' THEN NOT EXISTS (SELECT 1 FROM awa_proto.ready WHERE slot = s)
         WHEN family = 'receipts' THEN NOT EXISTS (
             SELECT 1 FROM awa_proto.receipts r WHERE r.slot = s AND NOT EXISTS (
                 SELECT 1 FROM awa_proto.closures c
@@ -367,3 +400,54 @@ LANGUAGE sql AS $$
     )
     SELECT EXISTS (SELECT 1 FROM hb)
 $$;
+
+-- Move an open ring attempt to the mutable lane, where attempts with mutable
+-- state live (callbacks, progress) and where a long one no longer pins its
+-- slot: a closure ("moved") and a running row with the same run lease. The
+-- worker's ring completion then writes nothing, and it finishes the attempt on
+-- the mutable lane. False if the attempt was not open.
+CREATE FUNCTION awa_proto.materialize(p_slot smallint, p_id bigint, p_lease bigint)
+RETURNS boolean
+LANGUAGE sql AS $$
+    WITH r AS (
+        SELECT * FROM awa_proto.receipts
+        WHERE slot = p_slot AND id = p_id AND run_lease = p_lease
+    ), c AS (
+        INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
+        SELECT slot, id, run_lease, 5 FROM r
+        ON CONFLICT DO NOTHING RETURNING id, run_lease
+    ), m AS (
+        INSERT INTO awa_proto.jobs (id, queue, priority, state, run_lease, kind, args)
+        SELECT w.id, w.queue, w.priority, 'running', c.run_lease, w.kind, w.args
+        FROM c JOIN r USING (id, run_lease)
+        CROSS JOIN LATERAL (SELECT * FROM awa_proto.ready w
+                            WHERE w.slot = r.ready_slot AND w.id = r.id LIMIT 1) w
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM m)
+$$;
+
+-- Cancel ring job p_id: 'available' (a claim will pass over it), 'running' (its
+-- attempt is closed as cancelled; the worker's completion writes nothing), or
+-- NULL (no such open job). Under the queue's claim lock, so no claim crosses it.
+CREATE FUNCTION awa_proto.cancel(p_id bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    r  awa_proto.ready;
+    rc awa_proto.receipts;
+BEGIN
+    SELECT * INTO r FROM awa_proto.ready WHERE id = p_id ORDER BY lease_base DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('awa.claim:' || r.queue, 0));
+    SELECT * INTO rc FROM awa_proto.receipts WHERE id = p_id AND run_lease = r.lease_base + 1;
+    IF FOUND THEN
+        INSERT INTO awa_proto.closures (slot, id, run_lease, outcome)
+        VALUES (rc.slot, p_id, rc.run_lease, 4) ON CONFLICT DO NOTHING;
+        RETURN CASE WHEN FOUND THEN 'running' END;
+    END IF;
+    INSERT INTO awa_proto.ready_cancels (slot, id, lease_base)
+    VALUES (r.slot, p_id, r.lease_base) ON CONFLICT DO NOTHING;
+    RETURN CASE WHEN FOUND THEN 'available' END;
+END $$;
