@@ -48,6 +48,7 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
     a fifth of their jobs go to the mutable lane; ring jobs are cancelled meanwhile."""
     committed: set[int] = set()
     mutable: set[int] = set()
+    cancelled: set[int] = set()  # cancelled while available: never to be claimed
     rolled_back: set[int] = set()
     ids = iter(range(1, 10**9))
     producing = True
@@ -66,11 +67,17 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
                     await conn.execute(INSERT, batch, rng.randint(1, 4))
                 # Some stay open while other transactions commit and claims run.
                 await asyncio.sleep(rng.choice([0, 0, 0.001, 0.02, 0.3]))
+                cancel_first = not in_mutable and rng.random() < 0.2
+                if cancel_first:  # enqueued and cancelled in one transaction
+                    assert await conn.fetchval("SELECT awa_proto.cancel($1)",
+                                               batch[0]) == "available"
                 if rng.random() < 0.15:
                     await tr.rollback()
                     rolled_back.update(batch)
                 else:
                     await tr.commit()
+                    if cancel_first:
+                        cancelled.add(batch[0])
                     committed.update(batch)
                     if in_mutable:
                         mutable.update(batch)
@@ -92,8 +99,6 @@ async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
             await conn.fetchval("SELECT txid_current()")
             while producing:
                 await asyncio.sleep(0.05)
-
-    cancelled: set[int] = set()  # cancelled while available: never to be claimed
 
     async def canceller() -> None:
         rng = random.Random(99)
@@ -289,3 +294,22 @@ async def test_a_long_attempt_moves_to_the_mutable_lane_so_its_slot_can_go(
     moved = await proto.fetchrow("SELECT state, run_lease, kind FROM awa_proto.jobs WHERE id = 1")
     assert dict(moved) == {"state": "running", "run_lease": job["run_lease"], "kind": "k"}
     assert await proto.fetchval(CLOSE, job["receipt_slot"], 1, job["run_lease"], 1) is None
+
+
+async def test_available_counts_what_a_claim_would_find(proto: asyncpg.Pool) -> None:
+    available = "SELECT awa_proto.available('q', $1)"
+    assert await proto.fetchval(available, 100) == 0
+    await proto.execute(INSERT, list(range(1, 11)), 2)
+    await proto.execute(INSERT, [11, 12], 1)
+    assert await proto.fetchval(available, 100) == 12
+    assert await proto.fetchval(available, 5) == 5
+    await claim(proto, 4)  # 11, 12, 1, 2
+    await proto.execute(INSERT, [13], 3)
+    await proto.fetchval("SELECT awa_proto.cancel(5)")
+    assert await proto.fetchval(available, 100) == 12 + 1 - 4 - 1
+    async with proto.acquire() as open_producer, open_producer.transaction():
+        await open_producer.execute(INSERT, [14], 2)
+        assert await proto.fetchval(available, 100) == 8  # not committed yet
+    assert await proto.fetchval(available, 100) == 9
+    assert len(await claim(proto, 100)) == 9
+    assert await proto.fetchval(available, 100) == 0

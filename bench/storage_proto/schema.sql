@@ -196,15 +196,18 @@ DECLARE
     seen     int;
     asked    int;
     passed   int := 0;
-    cancels  boolean := EXISTS (SELECT 1 FROM awa_proto.ready_cancels);
+    cancels  boolean;
     rslot    smallint := awa_proto.current_slot();
     c_ids    bigint[] := '{}';
     c_leases bigint[] := '{}';
     c_slots  smallint[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('awa.claim:' || p_queue, 0));
+    -- Everything read from here on is read after the lock, in a fresh snapshot:
+    -- the last claim's row, and the cancels committed under the lock before it.
     SELECT * INTO last FROM awa_proto.claim_log c WHERE c.queue = p_queue
     ORDER BY c.n DESC LIMIT 1;
+    cancels := EXISTS (SELECT 1 FROM awa_proto.ready_cancels);
     s_now := pg_current_snapshot();
     IF last.n IS NULL THEN
         n_new := 1;
@@ -450,4 +453,46 @@ BEGIN
     INSERT INTO awa_proto.ready_cancels (slot, id, lease_base)
     VALUES (r.slot, p_id, r.lease_base) ON CONFLICT DO NOTHING;
     RETURN CASE WHEN FOUND THEN 'available' END;
+END $$;
+
+-- How many ring jobs of p_queue are available (claimable now), counting at
+-- most p_cap: per lane, the rest of the tick its cursor is in, then every row
+-- that became visible after that tick, less the cancelled ones. Backpressure
+-- and queue stats read this; a claim never does.
+CREATE FUNCTION awa_proto.available(p_queue text, p_cap int) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    last  awa_proto.claim_log;
+    s_now pg_snapshot := pg_current_snapshot();
+    total bigint := 0;
+    lo    pg_snapshot;
+    hi    pg_snapshot;
+    t     bigint;
+BEGIN
+    SELECT * INTO last FROM awa_proto.claim_log c WHERE c.queue = p_queue
+    ORDER BY c.n DESC LIMIT 1;
+    FOR p IN 1..4 LOOP
+        EXIT WHEN total >= p_cap;
+        t := coalesce(last.cur_tick[p], 1);
+        lo := CASE WHEN t = 1 THEN '1:1:'::pg_snapshot ELSE
+              (SELECT c.snap FROM awa_proto.claim_log c WHERE c.queue = p_queue AND c.n = t - 1) END;
+        IF t <= coalesce(last.n, 0) THEN  -- tick t is recorded; rows after it come next
+            hi := (SELECT c.snap FROM awa_proto.claim_log c WHERE c.queue = p_queue AND c.n = t);
+        ELSE
+            hi := s_now;
+        END IF;
+        total := total + (SELECT count(*) FROM awa_proto.window_rows(
+            p_queue, p::smallint, lo, hi, coalesce(last.cur_xid[p], '0'),
+            coalesce(last.cur_id[p], 0), p_cap) w
+            WHERE NOT EXISTS (SELECT 1 FROM awa_proto.ready_cancels k
+                              WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base));
+        IF t <= coalesce(last.n, 0) THEN  -- and everything after tick t
+            total := total + (SELECT count(*) FROM awa_proto.window_rows(
+                p_queue, p::smallint, hi, s_now, '0', 0, p_cap) w
+                WHERE NOT EXISTS (SELECT 1 FROM awa_proto.ready_cancels k
+                                  WHERE k.slot = w.slot AND k.id = w.id
+                                    AND k.lease_base = w.lease_base));
+        END IF;
+    END LOOP;
+    RETURN least(total, p_cap);
 END $$;
