@@ -52,9 +52,12 @@ class Proxy:
         self.port = self._server.sockets[0].getsockname()[1]
 
     def url(self, database_url: str, **query: str) -> str:
-        """``database_url`` through this proxy (same user and database)."""
+        """``database_url`` through this proxy (same user, password and database)."""
         parts = urlsplit(database_url)
-        netloc = f"{parts.username or 'postgres'}@127.0.0.1:{self.port}"
+        user = parts.username or "postgres"
+        if parts.password:  # the embedded server's users have one
+            user += f":{parts.password}"
+        netloc = f"{user}@127.0.0.1:{self.port}"
         extra = "&".join(f"{k}={v}" for k, v in query.items())
         return urlunsplit(parts._replace(netloc=netloc, query=extra))
 
