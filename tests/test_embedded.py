@@ -226,3 +226,19 @@ def test_awa_serve_uses_the_embedded_server_from_its_start(tmp_path: Path) -> No
         serve.terminate()
         serve.wait(timeout=60)
     assert not running(tmp_path)  # it was the last user
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs the server as another account")
+def test_it_stops_after_a_directory_above_lost_its_search_bit(tmp_path: Path) -> None:
+    """Another pytest session resets /tmp/pytest-of-root to 0700 while ours runs; the
+    server account's pg_ctl must still reach the data directory to stop it."""
+    outer = tmp_path / "outer"
+    url = embedded_database_url(data_dir=outer / "pg")
+    try:
+        assert fetchval(url, "SELECT 1") == 1
+        outer.chmod(0o700)  # o+x gone, as a tmp cleaner or that pytest session leaves it
+        stop_embedded(data_dir=outer / "pg")
+        with pytest.raises((OSError, asyncpg.PostgresError)):
+            fetchval(url, "SELECT 1")
+    finally:
+        stop_embedded(data_dir=outer / "pg")

@@ -339,8 +339,11 @@ def _start(data_dir: Path, pgdata: Path, account: pwd.struct_passwd | None,
 def _stop(pgdata: Path) -> None:
     if _postmaster(pgdata) is None:
         return
+    account = _account(pgdata)
+    if account is not None:  # a directory above may have lost o+x since the start (another
+        _grant_search(pgdata)  # pytest session resets /tmp/pytest-of-root to 0700, say)
     rc, out = _run([str(_bin_dir() / "pg_ctl"), "stop", "-D", str(pgdata), "-m", "fast", "-s",
-                    "-w", "-t", str(TIMEOUT)], _account(pgdata))
+                    "-w", "-t", str(TIMEOUT)], account)
     if rc != 0 and _postmaster(pgdata) is not None:
         raise EmbeddedPostgresError(f"could not stop PostgreSQL on {pgdata}:\n{_tail(out)}")
 
