@@ -142,8 +142,7 @@ async def test_a_stalled_listen_connection_closes_within_its_bound(
     """A LISTEN connection whose peer stops answering (the close's goodbye is never
     acknowledged) is dropped after `LISTEN_STEP_TIMEOUT`, not waited on."""
     monkeypatch.setattr(db_listener, "LISTEN_STEP_TIMEOUT", 1.0)
-    pool = await client.pool()
-    listener = db_listener.Listener(proxy.url(database_url, pgbouncer="false"), pool,
+    listener = db_listener.Listener(proxy.url(database_url, pgbouncer="false"),
                                     queries(), 0.05, lambda *_: None, lambda: None)
     stopping = asyncio.Event()
     task = asyncio.create_task(listener.run(stopping))

@@ -50,7 +50,7 @@ class ResultWaiter:
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, url: str) -> None:
         self._pool, self._q = pool, q
-        self._listener = Listener(url, pool, q, states.RESULT_POLL_INTERVAL.total_seconds(),
+        self._listener = Listener(url, q, states.RESULT_POLL_INTERVAL.total_seconds(),
                                   self._on_notify, self._wake_all, channels=(CHANNEL,))
         self._events: dict[int, set[asyncio.Event]] = {}
         self._intervals: dict[asyncio.Event, float] = {}  # explicit poll_interval= per wait

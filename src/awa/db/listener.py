@@ -36,11 +36,11 @@ LISTEN_STEP_TIMEOUT = 10.0
 class Listener:
     """Keeps a LISTEN connection open and hands each notification to ``on_notify``."""
 
-    def __init__(self, url: str, pool: asyncpg.Pool, q: Queries, poll_interval: float,
+    def __init__(self, url: str, q: Queries, poll_interval: float,
                  on_notify: Callable[[str, str], None],
                  on_connected: Callable[[], None],
                  channels: Sequence[str] = CHANNELS) -> None:
-        self._url, self._pool, self._q = url, pool, q
+        self._url, self._q = url, q
         self._channels = tuple(channels)
         self._poll = poll_interval
         self._on_notify = on_notify

@@ -115,7 +115,7 @@ class Runtime:
         # Wake-ups: NOTIFYs, lost leases and flushed completions.
         self.notifications = Notifications(self.dispatchers, self._attempts)
         self.completer.on_flushed = self.notifications.wake_all
-        self.listener = Listener(database_url, pool, q, poll, self.notifications.on_notify,
+        self.listener = Listener(database_url, q, poll, self.notifications.on_notify,
                                  self.notifications.wake_all)
         # Maintenance, and what the process says about itself.
         self.leader = LeaderElection(pool, q, self.instance_id, config.leader_election_interval)
