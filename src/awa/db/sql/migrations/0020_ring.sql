@@ -1,0 +1,670 @@
+-- 0020: the append-only lane (issue 42; the design is docs/storage.md).
+--
+-- A job that needs no mutable state (due now; no unique key, ordering key,
+-- concurrency key or parents) can live its whole life as INSERTs: a `ready`
+-- row when enqueued, a `receipts` row when claimed, `heartbeats` rows while
+-- it runs and a `closures` row when it ends. None of them is ever updated or
+-- deleted; each table is partitioned into a ring of 16 slots, and maintenance
+-- reclaims an old slot with TRUNCATE once every row in it is spent. TRUNCATE
+-- frees the files at once, so a transaction holding the xmin horizon (an idle
+-- session, a long report) no longer makes the queue's hot rows pile up.
+--
+-- Claims find the ring's unclaimed rows through PostgreSQL's commit order
+-- (the ticks of docs/storage.md): each ready row carries the id of the
+-- transaction that inserted it, each claim records its snapshot in claim_log
+-- with where every priority lane's cursor stands, and the next claim reads
+-- only the rows that became visible since. awa.claim reads this lane and the
+-- mutable lane (awa.jobs) in one call.
+--
+-- Everything else an attempt can do (fail, retry, snooze, wait for a
+-- callback, record progress, be cancelled or rescued) first moves it into the
+-- mutable lane (awa.ring_materialize: a `moved` closure and a running row of
+-- awa.jobs with the same run lease), where the existing statements serve it.
+--
+-- Enqueueing into the ring is off until `awa.ring.enqueue` is set: claims,
+-- completions, heartbeats and rescue read both lanes from this migration on,
+-- so producers can be switched over at any time.
+
+CREATE TABLE awa.ring (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    slot       smallint NOT NULL,
+    slots      smallint NOT NULL,
+    rotated_at timestamptz NOT NULL DEFAULT now(),
+    enqueue    boolean NOT NULL DEFAULT false
+);
+INSERT INTO awa.ring (slot, slots) VALUES (0, 16);
+
+-- The slot new rows go to.
+CREATE FUNCTION awa.ring_slot() RETURNS smallint
+LANGUAGE sql STABLE AS $$ SELECT slot FROM awa.ring $$;
+
+-- How a ring attempt ended (closures.outcome).
+CREATE FUNCTION awa.ring_outcome(name text) RETURNS smallint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE name WHEN 'completed' THEN 1 WHEN 'moved' THEN 2 END::smallint
+$$;
+
+-- An available job, immutable once written. xid: the inserting (top-level)
+-- transaction. lease_base: the run lease the next attempt starts from.
+-- attempt: attempts already made. The other columns are awa.jobs's.
+CREATE TABLE awa.ready (
+    slot         smallint NOT NULL,
+    id           bigint NOT NULL,
+    queue        awa.name_200 NOT NULL,
+    priority     awa.job_priority NOT NULL,
+    xid          xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    kind         awa.name_200 NOT NULL,
+    args         awa.job_args NOT NULL,
+    attempt      smallint NOT NULL DEFAULT 0,
+    max_attempts awa.job_max_attempts NOT NULL,
+    lease_base   bigint NOT NULL DEFAULT 0,
+    run_at       awa.job_run_at NOT NULL DEFAULT now(),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    tags         awa.job_tags NOT NULL DEFAULT '{}',
+    metadata     jsonb NOT NULL DEFAULT '{}',
+    errors       jsonb
+) PARTITION BY LIST (slot);
+CREATE INDEX ready_lane_idx ON awa.ready (queue, priority, xid, id);
+CREATE INDEX ready_id_idx ON awa.ready (id);
+
+-- An available ring job taken out of the ring before any claim (cancelled, or
+-- moved to the mutable lane by an operator): claims pass over it.
+CREATE TABLE awa.ready_cancels (
+    slot       smallint NOT NULL,
+    id         bigint NOT NULL,
+    lease_base bigint NOT NULL
+) PARTITION BY LIST (slot);
+CREATE UNIQUE INDEX ready_cancels_key ON awa.ready_cancels (slot, id, lease_base);
+
+-- One row per claim that moved a cursor: its snapshot (the tick) and where
+-- each priority lane stands after it: the ticks before cur_tick are spent,
+-- and of tick cur_tick the rows up to (cur_xid, cur_id).
+CREATE TABLE awa.claim_log (
+    slot     smallint NOT NULL,
+    queue    text NOT NULL,
+    n        bigint NOT NULL,
+    snap     pg_snapshot NOT NULL,
+    cur_tick bigint[] NOT NULL,
+    cur_xid  xid8[] NOT NULL,
+    cur_id   bigint[] NOT NULL,
+    at       timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE INDEX claim_log_queue_idx ON awa.claim_log (queue, n);
+
+-- An attempt (the receipt) and its end (the closure), in the same slot. The
+-- unique index on closures is the run-lease guard: the first closure wins.
+CREATE TABLE awa.receipts (
+    slot        smallint NOT NULL,
+    id          bigint NOT NULL,
+    run_lease   bigint NOT NULL,
+    queue       text NOT NULL,
+    ready_slot  smallint NOT NULL,
+    claimed_at  timestamptz NOT NULL DEFAULT now(),
+    deadline_at timestamptz
+) PARTITION BY LIST (slot);
+CREATE UNIQUE INDEX receipts_key ON awa.receipts (slot, id, run_lease);
+CREATE INDEX receipts_id_idx ON awa.receipts (id);
+
+CREATE TABLE awa.closures (
+    slot      smallint NOT NULL,
+    id        bigint NOT NULL,
+    run_lease bigint NOT NULL,
+    outcome   smallint NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE UNIQUE INDEX closures_key ON awa.closures (slot, id, run_lease);
+
+-- "Attempt (id, run_lease) was alive at": written only while it is open.
+CREATE TABLE awa.heartbeats (
+    slot      smallint NOT NULL,
+    id        bigint NOT NULL,
+    run_lease bigint NOT NULL,
+    at        timestamptz NOT NULL DEFAULT now()
+) PARTITION BY LIST (slot);
+CREATE INDEX heartbeats_key ON awa.heartbeats (slot, id, run_lease, at);
+
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOR s IN 0..15 LOOP
+        FOREACH t IN ARRAY ARRAY['ready', 'ready_cancels', 'claim_log', 'receipts',
+                                 'closures', 'heartbeats'] LOOP
+            EXECUTE format('CREATE TABLE awa.%I PARTITION OF awa.%I FOR VALUES IN (%s)',
+                           t || '_' || s, t, s);
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- Wake idle workers, as awa.jobs's jobs_notify_insert does.
+CREATE TRIGGER ready_notify_insert AFTER INSERT ON awa.ready
+    FOR EACH ROW
+    WHEN (current_setting('awa.defer_notify', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION awa.notify_inserted();
+
+-- The attempt of ready row w that receipt r opened, as a running awa.jobs row
+-- (what awa.finished and the mutable lane take). heartbeat: its latest sign of life.
+CREATE FUNCTION awa.ring_job(w awa.ready, r awa.receipts, heartbeat timestamptz)
+RETURNS awa.jobs
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(w.id, w.kind, w.queue, w.args, 'running', w.priority, w.attempt + 1,
+               w.max_attempts, r.run_lease, w.run_at, w.created_at, r.claimed_at,
+               heartbeat, r.deadline_at, NULL, w.tags, w.metadata, w.errors, NULL, NULL,
+               NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.jobs
+$$;
+
+-- The ready row that attempt (slot, id, lease) started from.
+CREATE FUNCTION awa.ring_ready_of(r awa.receipts) RETURNS awa.ready
+LANGUAGE sql STABLE AS $$
+    SELECT w FROM awa.ready w
+    WHERE w.slot = r.ready_slot AND w.id = r.id AND w.lease_base = r.run_lease - 1
+$$;
+
+-- Is ring attempt (slot, id, lease) open: claimed, and no closure yet?
+CREATE FUNCTION awa.ring_open(p_slot smallint, p_id bigint, p_lease bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM awa.receipts r
+                   WHERE r.slot = p_slot AND r.id = p_id AND r.run_lease = p_lease)
+       AND NOT EXISTS (SELECT 1 FROM awa.closures c
+                       WHERE c.slot = p_slot AND c.id = p_id AND c.run_lease = p_lease)
+$$;
+
+-- The rows of lane (queue, priority) that became visible between snapshots
+-- lo and hi, after position (x, i), in (xid, id) order. Rows of transactions
+-- running at lo and ended by hi come first, one exact index probe each; then
+-- the rows of transactions that started after lo, from one index range. A
+-- transaction running at both (one holding the horizon) costs nothing, and
+-- neither read touches a spent row.
+CREATE FUNCTION awa.ring_window(p_queue text, p_priority smallint, lo pg_snapshot,
+                                hi pg_snapshot, x xid8, i bigint, lim int)
+RETURNS SETOF awa.ready
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    e xid8;
+    n int := 0;
+    r awa.ready;
+BEGIN
+    FOR e IN SELECT v FROM pg_snapshot_xip(lo) v
+             WHERE v >= x AND pg_visible_in_snapshot(v, hi) ORDER BY v LOOP
+        FOR r IN SELECT * FROM awa.ready w
+                 WHERE w.queue = p_queue AND w.priority = p_priority AND w.xid = e
+                   AND w.id > CASE WHEN e = x THEN i ELSE 0 END
+                 ORDER BY w.id LIMIT lim - n LOOP
+            n := n + 1;
+            RETURN NEXT r;
+        END LOOP;
+        IF n >= lim THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+        SELECT * FROM awa.ready w
+        WHERE w.queue = p_queue AND w.priority = p_priority
+          -- The start key: just after (x, i), or the first row of a transaction
+          -- that started after lo, whichever is later.
+          AND (w.xid, w.id) > (greatest(pg_snapshot_xmax(lo), x),
+                               CASE WHEN x >= pg_snapshot_xmax(lo) THEN i ELSE 0 END)
+          AND w.xid < pg_snapshot_xmax(hi)
+          AND pg_visible_in_snapshot(w.xid, hi)
+        ORDER BY w.xid, w.id LIMIT lim - n;
+END $$;
+
+-- One step of a lane's walk: a row seen (cancelled: passed over) and the tick it is in.
+CREATE TYPE awa.ring_step AS (lane smallint, tick bigint, cancelled boolean, r awa.ready);
+
+-- A job's priority after aging: one level more urgent per `aging` seconds waited.
+CREATE FUNCTION awa.aged(priority smallint, run_at timestamptz, aging float8)
+RETURNS float8
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN aging > 0
+                THEN greatest(1, priority - floor((date_part('epoch', now())
+                                                  - date_part('epoch', run_at)) / aging))
+                ELSE priority END
+$$;
+
+-- Claim up to p_max jobs of p_queue from both lanes: the ring's (through the
+-- ticks) and the mutable lane's (awa.jobs, SKIP LOCKED), as running attempts
+-- with a p_deadline (seconds, 0 = none). Lanes are taken in order of their
+-- oldest job's priority after aging (p_aging seconds per level, 0 = off),
+-- oldest first on a tie; FIFO within a lane. Claims of one queue take turns (a
+-- transaction-scoped advisory lock). A claim adds one claim_log row and one
+-- receipt per ring job, and changes no ring row; one that moved no ring cursor
+-- writes nothing there, so an idle queue's polls stay read-only.
+-- Must run in READ COMMITTED: every statement after the lock takes a fresh
+-- snapshot and sees the claim that committed before it.
+-- The claim commits durably: synchronous_commit is turned on for it if off
+-- (a run lease is a fencing token; see attempt.sql, claim_durably).
+CREATE FUNCTION awa.claim(p_queue text, p_max int, p_deadline float8, p_aging float8)
+RETURNS TABLE (id bigint, kind text, queue text, args jsonb, priority smallint,
+               attempt smallint, max_attempts smallint, run_lease bigint, run_at float8,
+               created_at float8, attempted_at float8, deadline_at float8, tags text[],
+               metadata jsonb, errors jsonb, progress jsonb, unique_key bytea,
+               ordering_key text, receipt_slot smallint)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+DECLARE
+    last     awa.claim_log;
+    s_now    pg_snapshot;
+    n_new    bigint;
+    ticks    bigint[];
+    xs       xid8[];
+    ids      bigint[];
+    end_t    bigint[] := '{0,0,0,0}';
+    end_x    xid8[] := '{0,0,0,0}';
+    end_i    bigint[] := '{0,0,0,0}';
+    settled  boolean[] := '{false,false,false,false}';
+    whole    boolean;
+    steps    awa.ring_step[] := '{}';
+    st       awa.ring_step;
+    p        smallint;
+    t        bigint;
+    x        xid8;
+    i        bigint;
+    lo       pg_snapshot;
+    hi       pg_snapshot;
+    r        awa.ready;
+    seen     int;
+    asked    int;
+    got      int;
+    want     int := p_max;
+    passed   int := 0;
+    cancels  boolean;
+    lanes    record;
+    rslot    smallint;
+    deadline timestamptz := CASE WHEN p_deadline > 0
+                                 THEN now() + make_interval(secs => p_deadline) END;
+    c_ids    bigint[] := '{}';
+    c_leases bigint[] := '{}';
+    c_slots  smallint[] := '{}';
+BEGIN
+    IF p_max <= 0 OR EXISTS (SELECT 1 FROM awa.queues q WHERE q.queue = p_queue AND q.paused)
+    THEN
+        RETURN;
+    END IF;
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('awa.claim:' || p_queue, 0));
+    -- Read after the lock, in a fresh snapshot: the last claim's row, and the
+    -- cancels committed under the lock before it.
+    SELECT * INTO last FROM awa.claim_log c WHERE c.queue = p_queue ORDER BY c.n DESC LIMIT 1;
+    cancels := EXISTS (SELECT 1 FROM awa.ready_cancels);
+    s_now := pg_current_snapshot();
+    rslot := awa.ring_slot();
+    IF last.n IS NULL THEN
+        n_new := 1;
+        ticks := '{1,1,1,1}'; xs := '{0,0,0,0}'; ids := '{0,0,0,0}';
+    ELSE
+        n_new := last.n + 1;
+        ticks := last.cur_tick; xs := last.cur_xid; ids := last.cur_id;
+    END IF;
+    -- Walk each ring lane from its cursor, collecting up to p_max rows (nothing
+    -- is taken yet). A lane's cursor ends where its walk ends.
+    FOR ln IN 1..4 LOOP
+        p := ln;
+        t := ticks[p]; x := xs[p]; i := ids[p];
+        got := 0;
+        WHILE t <= n_new AND got < p_max LOOP
+            IF t = 1 THEN
+                lo := '1:1:';
+            ELSIF t - 1 = last.n THEN
+                lo := last.snap;
+            ELSE
+                SELECT c.snap INTO lo FROM awa.claim_log c WHERE c.queue = p_queue AND c.n = t - 1;
+            END IF;
+            IF t = n_new THEN
+                hi := s_now;
+            ELSE
+                SELECT c.snap INTO hi FROM awa.claim_log c WHERE c.queue = p_queue AND c.n = t;
+            END IF;
+            seen := 0;
+            asked := p_max - got;
+            FOR r IN SELECT * FROM awa.ring_window(p_queue, p, lo, hi, x, i, asked) LOOP
+                seen := seen + 1;
+                x := r.xid; i := r.id;
+                st := ROW(p, t, cancels AND EXISTS (
+                    SELECT 1 FROM awa.ready_cancels k
+                    WHERE k.slot = r.slot AND k.id = r.id AND k.lease_base = r.lease_base), r);
+                steps := steps || st;
+                IF NOT st.cancelled THEN
+                    got := got + 1;
+                END IF;
+            END LOOP;
+            IF seen < asked THEN  -- tick t is spent: the lane moves on to the next
+                t := t + 1; x := '0'; i := 0;
+            END IF;
+        END LOOP;
+        -- Where the cursor stands once the whole walk is taken.
+        end_t[p] := t; end_x[p] := x; end_i[p] := i;
+    END LOOP;
+    -- Take from the lanes, the most urgent first.
+    FOR lanes IN
+        SELECT l.ring, l.p FROM (
+            SELECT true AS ring, (s).lane AS p, min(((s).r).run_at) AS head
+            FROM unnest(steps) s WHERE NOT (s).cancelled GROUP BY (s).lane
+            UNION ALL
+            SELECT false, m.priority, m.run_at FROM generate_series(1, 4) g(p),
+                LATERAL (SELECT j.priority, j.run_at FROM awa.jobs j
+                         WHERE j.state = 'available' AND j.queue = p_queue
+                           AND j.priority = g.p AND j.concurrency_key IS NULL
+                         ORDER BY j.run_at, j.id LIMIT 1) m
+        ) l
+        ORDER BY awa.aged(l.p::smallint, l.head, p_aging), l.head, l.ring DESC
+    LOOP
+        EXIT WHEN want = 0;
+        IF lanes.ring THEN
+            got := 0;
+            whole := true;
+            FOR st IN SELECT s.* FROM unnest(steps) s WHERE s.lane = lanes.p LOOP
+                IF got = want AND NOT st.cancelled THEN
+                    whole := false;  -- taken in part: the cursor stops after the last taken
+                    EXIT;
+                END IF;
+                ticks[lanes.p] := st.tick; xs[lanes.p] := (st.r).xid;
+                ids[lanes.p] := (st.r).id;
+                IF st.cancelled THEN
+                    passed := passed + 1;
+                    CONTINUE;
+                END IF;
+                got := got + 1;
+                r := st.r;
+                id := r.id; kind := r.kind; queue := r.queue; args := r.args;
+                priority := r.priority; attempt := r.attempt + 1;
+                max_attempts := r.max_attempts; run_lease := r.lease_base + 1;
+                run_at := date_part('epoch', r.run_at);
+                created_at := date_part('epoch', r.created_at);
+                attempted_at := date_part('epoch', now());
+                deadline_at := date_part('epoch', deadline);
+                tags := nullif(r.tags, '{}'); metadata := nullif(r.metadata, '{}');
+                errors := r.errors; progress := NULL; unique_key := NULL;
+                ordering_key := NULL; receipt_slot := rslot;
+                c_ids := c_ids || r.id; c_leases := c_leases || (r.lease_base + 1);
+                c_slots := c_slots || r.slot;
+                RETURN NEXT;
+            END LOOP;
+            IF whole THEN
+                ticks[lanes.p] := end_t[lanes.p]; xs[lanes.p] := end_x[lanes.p];
+                ids[lanes.p] := end_i[lanes.p];
+            END IF;
+            settled[lanes.p] := true;
+            want := want - got;
+        ELSE
+            RETURN QUERY
+            WITH picked AS (
+                SELECT a.id FROM awa.jobs a
+                WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = lanes.p
+                  AND a.concurrency_key IS NULL
+                  -- A job with an ordering key waits for every earlier unfinished one.
+                  AND (a.ordering_key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM awa.jobs o
+                      WHERE o.queue = p_queue AND o.ordering_key = a.ordering_key
+                        AND o.id < a.id))
+                ORDER BY a.run_at, a.id LIMIT want FOR UPDATE SKIP LOCKED
+            )
+            UPDATE awa.jobs j
+            SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+                attempted_at = now(), heartbeat_at = now(), deadline_at = deadline
+            FROM picked WHERE j.id = picked.id
+            RETURNING j.id, j.kind::text, j.queue::text, j.args::jsonb, j.priority::smallint,
+                j.attempt, j.max_attempts::smallint,
+                j.run_lease, date_part('epoch', j.run_at), date_part('epoch', j.created_at),
+                date_part('epoch', j.attempted_at), date_part('epoch', j.deadline_at),
+                nullif(j.tags::text[], '{}'), nullif(j.metadata, '{}'), j.errors, j.progress,
+                j.unique_key, j.ordering_key, NULL::smallint;
+            GET DIAGNOSTICS got = ROW_COUNT;
+            want := want - got;
+        END IF;
+    END LOOP;
+    -- A lane whose walk found only rows passed over (or none) moves to the walk's
+    -- end; one with rows left untaken keeps its cursor.
+    FOR ln IN 1..4 LOOP
+        IF NOT settled[ln] AND NOT EXISTS (
+                SELECT 1 FROM unnest(steps) s WHERE s.lane = ln AND NOT s.cancelled) THEN
+            passed := passed + (SELECT count(*) FROM unnest(steps) s WHERE s.lane = ln);
+            ticks[ln] := end_t[ln]; xs[ln] := end_x[ln]; ids[ln] := end_i[ln];
+        END IF;
+    END LOOP;
+    IF cardinality(c_ids) = 0 AND passed = 0 AND cardinality(steps) = 0
+       AND last.n IS NOT NULL AND last.cur_tick = array_fill(last.n + 1, ARRAY[4]) THEN
+        RETURN;  -- every lane caught up and nothing taken: nothing to record
+    END IF;
+    INSERT INTO awa.receipts (slot, id, run_lease, queue, ready_slot, deadline_at)
+    SELECT rslot, u.i, u.l, p_queue, u.s, deadline
+    FROM unnest(c_ids, c_leases, c_slots) AS u(i, l, s);
+    INSERT INTO awa.claim_log (slot, queue, n, snap, cur_tick, cur_xid, cur_id)
+    VALUES (rslot, p_queue, n_new, s_now, ticks, xs, ids);
+END $$;
+
+-- Move open ring attempts (slot, id, lease) into the mutable lane: a `moved`
+-- closure (so the ring's completion and heartbeats of the attempt write
+-- nothing more) and a running awa.jobs row with the same run lease, its
+-- heartbeat the attempt's latest. Every outcome but a plain completion, and
+-- anything that changes a running job, goes this way first; so do attempts
+-- still open when their slot is reclaimed. Returns the ids moved.
+CREATE FUNCTION awa.ring_materialize(p_slots smallint[], p_ids bigint[], p_leases bigint[])
+RETURNS SETOF bigint
+LANGUAGE sql AS $$
+    WITH c AS (
+        SELECT * FROM unnest(p_slots, p_ids, p_leases) AS c(slot, id, lease)
+    ), closed AS (
+        INSERT INTO awa.closures (slot, id, run_lease, outcome)
+        SELECT c.slot, c.id, c.lease, awa.ring_outcome('moved') FROM c
+        WHERE EXISTS (SELECT 1 FROM awa.receipts r
+                      WHERE r.slot = c.slot AND r.id = c.id AND r.run_lease = c.lease)
+        ON CONFLICT DO NOTHING
+        RETURNING slot, id, run_lease
+    ), moved AS (
+        INSERT INTO awa.jobs
+        SELECT (awa.ring_job(w, r, coalesce(
+                    (SELECT max(h.at) FROM awa.heartbeats h
+                     WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
+                    r.claimed_at))).*
+        FROM closed k
+        JOIN awa.receipts r ON r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
+        JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
+                        AND w.lease_base = r.run_lease - 1
+        RETURNING id
+    )
+    SELECT id FROM moved
+$$;
+
+-- Rescue's part in the ring: open attempts not heard from (heartbeat, else
+-- claim) for p_stale, or past their deadline, move to the mutable lane (with
+-- their last sign of life as heartbeat), where the rescue statement
+-- (job_rescue_running) finds them stale and retries or fails them as any
+-- other. Once moved, a late completion of the attempt writes nothing in the
+-- ring, and none in the mutable lane once rescue has put it back. At most
+-- p_max. Returns how many moved.
+CREATE FUNCTION awa.ring_rescue(p_stale interval, p_max int) RETURNS integer
+LANGUAGE sql AS $$
+    WITH stale AS (
+        SELECT r.slot, r.id, r.run_lease FROM awa.receipts r
+        WHERE (r.claimed_at < now() - p_stale OR r.deadline_at < now())
+          AND NOT EXISTS (SELECT 1 FROM awa.closures c
+                          WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
+          AND (r.deadline_at < now() OR NOT EXISTS (
+              SELECT 1 FROM awa.heartbeats h
+              WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease
+                AND h.at >= now() - p_stale))
+        LIMIT p_max
+    )
+    SELECT count(*)::integer FROM awa.ring_materialize(
+        ARRAY(SELECT slot FROM stale), ARRAY(SELECT id FROM stale),
+        ARRAY(SELECT run_lease FROM stale))
+$$;
+
+-- Move available ring jobs p_ids into the mutable lane (available there, same
+-- id and run lease), so that an operator's change (cancel, reschedule,
+-- reprioritize, a dependent added) finds them where it looks. Each is taken
+-- under its queue's claim lock, so no claim crosses the move: either a claim
+-- took it first (it is running, see ring_materialize) or it is passed over
+-- from now on (ready_cancels). Returns the ids moved.
+CREATE FUNCTION awa.ring_unready(p_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    w awa.ready;
+BEGIN
+    FOR w IN SELECT DISTINCT ON (r.id) r.* FROM awa.ready r
+             WHERE r.id = ANY(p_ids) ORDER BY r.id, r.lease_base DESC LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended('awa.claim:' || w.queue, 0));
+        CONTINUE WHEN EXISTS (SELECT 1 FROM awa.receipts k
+                              WHERE k.id = w.id AND k.run_lease = w.lease_base + 1);
+        INSERT INTO awa.ready_cancels (slot, id, lease_base)
+        VALUES (w.slot, w.id, w.lease_base) ON CONFLICT DO NOTHING;
+        CONTINUE WHEN NOT FOUND;
+        INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts,
+                              run_lease, run_at, created_at, tags, metadata, errors)
+        VALUES (w.id, w.kind, w.queue, w.args, 'available', w.priority, w.attempt,
+                w.max_attempts, w.lease_base, w.run_at, w.created_at, w.tags, w.metadata,
+                w.errors);
+        RETURN NEXT w.id;
+    END LOOP;
+END $$;
+
+-- Move the ring on when the next slot is empty; the new slot, or NULL.
+CREATE FUNCTION awa.ring_advance() RETURNS smallint
+LANGUAGE plpgsql AS $$
+DECLARE
+    nxt smallint;
+BEGIN
+    SELECT (g.slot + 1) % g.slots INTO nxt FROM awa.ring g FOR UPDATE;
+    IF EXISTS (SELECT 1 FROM awa.ready WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.ready_cancels WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.receipts WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.closures WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.heartbeats WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.claim_log WHERE slot = nxt) THEN
+        RETURN NULL;
+    END IF;
+    UPDATE awa.ring SET slot = nxt, rotated_at = now();
+    RETURN nxt;
+END $$;
+
+-- Reclaim one table of one slot, in a transaction of its own (the caller sets
+-- a short lock_timeout). The lock comes first, so the check after it sees
+-- every row that will ever be in the table (a writer still open holds the
+-- lock off), and the transaction holds one exclusive lock and waits for
+-- nothing else, so it cannot deadlock with claims or completions.
+--   receipts:      every receipt has its closure; attempts still open move to
+--                  the mutable lane first (jobs running longer than the ring's
+--                  span do not pin it).
+--   closures, heartbeats: the slot's receipts are gone (both are written only
+--                  for a receipt that exists, so none can arrive after this).
+--   ready:         every row is in a tick every lane of its queue has passed,
+--                  and no open attempt (of any slot) started from it.
+--   ready_cancels: the slot's ready rows are gone.
+--   claim_log:     every tick is older than the oldest cursor of its queue needs.
+-- True if the table was truncated; false if it was empty or not yet spent.
+CREATE FUNCTION awa.ring_reclaim(family text, s smallint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    ok boolean;
+BEGIN
+    IF family NOT IN ('ready', 'ready_cancels', 'receipts', 'closures', 'heartbeats',
+                      'claim_log') THEN
+        RAISE EXCEPTION 'no such ring table: %', family;
+    END IF;
+    IF s = awa.ring_slot() THEN
+        RETURN false;  -- the slot being written
+    END IF;
+    EXECUTE format('LOCK TABLE awa.%I IN ACCESS EXCLUSIVE MODE', family || '_' || s);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM awa.%I)', family || '_' || s) INTO ok;
+    IF NOT ok THEN
+        RETURN false;
+    END IF;
+    IF family = 'receipts' THEN
+        PERFORM awa.ring_materialize(array_agg(r.slot), array_agg(r.id), array_agg(r.run_lease))
+        FROM awa.receipts r
+        WHERE r.slot = s AND NOT EXISTS (
+            SELECT 1 FROM awa.closures c
+            WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease)
+        HAVING count(*) > 0;
+    END IF;
+    ok := CASE family
+        WHEN 'ready_cancels' THEN NOT EXISTS (SELECT 1 FROM awa.ready WHERE slot = s)
+        WHEN 'receipts' THEN NOT EXISTS (
+            SELECT 1 FROM awa.receipts r WHERE r.slot = s AND NOT EXISTS (
+                SELECT 1 FROM awa.closures c
+                WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease))
+        WHEN 'closures' THEN NOT EXISTS (SELECT 1 FROM awa.receipts WHERE slot = s)
+        WHEN 'heartbeats' THEN NOT EXISTS (SELECT 1 FROM awa.receipts WHERE slot = s)
+        WHEN 'ready' THEN
+            -- Every row passed by every lane of its queue (the tick before the
+            -- oldest lane cursor shows it), none left to a later tick.
+            NOT EXISTS (
+                SELECT 1 FROM (SELECT DISTINCT w.queue FROM awa.ready w WHERE w.slot = s) q
+                LEFT JOIN LATERAL (
+                    SELECT c.snap FROM awa.claim_log c
+                    WHERE c.queue = q.queue
+                      AND c.n = (SELECT min(t) - 1 FROM (
+                                     SELECT l.cur_tick FROM awa.claim_log l
+                                     WHERE l.queue = q.queue ORDER BY l.n DESC LIMIT 1) z,
+                                 unnest(z.cur_tick) t)
+                ) spent ON true
+                WHERE spent.snap IS NULL OR EXISTS (
+                    SELECT 1 FROM awa.ready w
+                    WHERE w.slot = s AND w.queue = q.queue
+                      AND NOT pg_visible_in_snapshot(w.xid, spent.snap)))
+            AND NOT EXISTS (
+                SELECT 1 FROM awa.receipts r WHERE r.ready_slot = s AND NOT EXISTS (
+                    SELECT 1 FROM awa.closures c
+                    WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))
+        ELSE
+            -- claim_log: each queue's rows here are all older than the tick
+            -- before its oldest lane cursor (the newest row always stays).
+            NOT EXISTS (
+                SELECT 1 FROM awa.claim_log c
+                WHERE c.slot = s AND c.n >= (
+                    SELECT min(t) - 1 FROM (
+                        SELECT l.cur_tick FROM awa.claim_log l
+                        WHERE l.queue = c.queue ORDER BY l.n DESC LIMIT 1) z,
+                    unnest(z.cur_tick) t))
+    END;
+    IF ok THEN
+        EXECUTE format('TRUNCATE awa.%I', family || '_' || s);
+    END IF;
+    RETURN ok;
+END $$;
+
+-- How many ring jobs of p_queue are available, counting at most p_cap: per
+-- lane, the rest of the tick its cursor is in, then every row that became
+-- visible after that tick, less those passed over. Counts and backpressure
+-- read this; a claim never does.
+CREATE FUNCTION awa.ring_available(p_queue text, p_cap int) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    last  awa.claim_log;
+    s_now pg_snapshot := pg_current_snapshot();
+    total bigint := 0;
+    lo    pg_snapshot;
+    hi    pg_snapshot;
+    t     bigint;
+BEGIN
+    SELECT * INTO last FROM awa.claim_log c WHERE c.queue = p_queue ORDER BY c.n DESC LIMIT 1;
+    FOR p IN 1..4 LOOP
+        EXIT WHEN total >= p_cap;
+        t := coalesce(last.cur_tick[p], 1);
+        lo := CASE WHEN t = 1 THEN '1:1:'::pg_snapshot ELSE
+              (SELECT c.snap FROM awa.claim_log c WHERE c.queue = p_queue AND c.n = t - 1) END;
+        IF t <= coalesce(last.n, 0) THEN
+            hi := (SELECT c.snap FROM awa.claim_log c WHERE c.queue = p_queue AND c.n = t);
+        ELSE
+            hi := s_now;
+        END IF;
+        total := total + (SELECT count(*) FROM awa.ring_window(
+            p_queue, p::smallint, lo, hi, coalesce(last.cur_xid[p], '0'),
+            coalesce(last.cur_id[p], 0), p_cap) w
+            WHERE NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                              WHERE k.slot = w.slot AND k.id = w.id
+                                AND k.lease_base = w.lease_base));
+        IF t <= coalesce(last.n, 0) THEN
+            total := total + (SELECT count(*) FROM awa.ring_window(
+                p_queue, p::smallint, hi, s_now, '0', 0, p_cap) w
+                WHERE NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                                  WHERE k.slot = w.slot AND k.id = w.id
+                                    AND k.lease_base = w.lease_base));
+        END IF;
+    END LOOP;
+    RETURN least(total, p_cap);
+END $$;
