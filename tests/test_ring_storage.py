@@ -1,0 +1,399 @@
+"""The append-only lane of migration 0020 (docs/storage.md), at the SQL level.
+
+The properties of tests/test_append_only_queue.py (which tests the prototype
+in bench/storage_proto/), checked against the real schema: every committed
+job is claimed exactly once and a rolled-back one never, whatever order
+producers commit in and however long they stay open; priorities (with aging)
+order both lanes; the first closure of an attempt wins, and an attempt moved
+to the mutable lane (materialized, rescued, carried out of a reclaimed slot)
+is closed there only; a slot is truncated only when everything in it is spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from awa.db import migrations
+
+# n ring jobs of queue q at priority $2 (run_at $3, default now), ids in insert order.
+RING = """INSERT INTO awa.ready (slot, id, queue, priority, kind, args, max_attempts, run_at)
+          SELECT awa.ring_slot(), nextval(pg_get_serial_sequence('awa.jobs', 'id')), 'q', $2,
+                 'k', '{}'::jsonb, 5, coalesce($3::text::timestamptz, now())
+          FROM generate_series(1, $1) RETURNING id"""
+MUTABLE = """INSERT INTO awa.jobs (kind, queue, args, state, priority, max_attempts, run_at)
+             SELECT 'k', 'q', '{}'::jsonb, 'available', $2, 5,
+                    coalesce($3::text::timestamptz, now())
+             FROM generate_series(1, $1) RETURNING id"""
+# A closure is written only for a receipt that exists: once a slot's receipts
+# are reclaimed, a late writer for one of them finds nothing to close.
+CLOSE = """INSERT INTO awa.closures (slot, id, run_lease, outcome)
+           SELECT $1, $2, $3, awa.ring_outcome('completed') WHERE EXISTS (
+               SELECT 1 FROM awa.receipts WHERE slot = $1 AND id = $2 AND run_lease = $3)
+           ON CONFLICT DO NOTHING RETURNING outcome"""
+MATERIALIZE = "SELECT array(SELECT awa.ring_materialize(array[$1::smallint], array[$2::bigint]," \
+              " array[$3::bigint]))"
+UNREADY = "SELECT array(SELECT awa.ring_unready($1::bigint[]))"
+AVAILABLE = "SELECT awa.ring_available('q', $1)"
+FAMILIES = ("receipts", "closures", "heartbeats", "ready", "ready_cancels", "claim_log")
+
+Conn = asyncpg.Pool | asyncpg.Connection
+
+
+@pytest.fixture
+async def pool(empty_database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """The test's database with the package's migrations applied (0020 included)."""
+    pool = await asyncpg.create_pool(empty_database_url, min_size=2, max_size=12)
+    async with pool.acquire() as conn:
+        await migrations.apply(conn)
+    yield pool
+    await pool.close()
+
+
+async def ring(db: Conn, n: int = 1, priority: int = 2, run_at: str | None = None) -> list[int]:
+    return [r["id"] for r in await db.fetch(RING, n, priority, run_at)]
+
+
+async def mutable(db: Conn, n: int = 1, priority: int = 2, run_at: str | None = None) -> list[int]:
+    return [r["id"] for r in await db.fetch(MUTABLE, n, priority, run_at)]
+
+
+async def claim(db: Conn, n: int = 16, aging: float = 0) -> list[asyncpg.Record]:
+    return await db.fetch("SELECT * FROM awa.claim('q', $1, 0, $2)", n, aging)
+
+
+def attempt(job: asyncpg.Record) -> tuple[int, int, int]:
+    return job["receipt_slot"], job["id"], job["run_lease"]
+
+
+async def reclaim(pool: asyncpg.Pool, family: str, slot: int) -> bool:
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL lock_timeout = '100ms'")
+        ok: bool = await conn.fetchval("SELECT awa.ring_reclaim($1, $2::smallint)", family, slot)
+        return ok
+
+
+async def reclaim_slot(pool: asyncpg.Pool, slot: int) -> list[str]:
+    return [family for family in FAMILIES if await reclaim(pool, family, slot)]
+
+
+async def move_ring_to(pool: asyncpg.Pool, slot: int) -> None:
+    while await pool.fetchval("SELECT awa.ring_slot()") != slot:
+        assert await pool.fetchval("SELECT awa.ring_advance()") is not None
+
+
+async def test_every_committed_job_is_claimed_once_and_no_rolled_back_one(
+        pool: asyncpg.Pool) -> None:
+    """Producers commit out of order, roll back, and stay open across many claims while
+    a transaction holds the horizon; a fifth of their jobs go to the mutable lane; ring
+    jobs are moved to the mutable lane (ring_unready) meanwhile, and claimed from there."""
+    committed: set[int] = set()
+    unreadied: set[int] = set()
+    rolled_back: set[int] = set()
+    producing = True
+
+    async def producer(seed: int) -> None:
+        rng = random.Random(seed)
+        async with pool.acquire() as conn:
+            for _ in range(40):
+                tr = conn.transaction()
+                await tr.start()
+                in_mutable = rng.random() < 0.2
+                batch = await (mutable if in_mutable else ring)(
+                    conn, rng.randint(1, 30), rng.randint(1, 4))
+                # Some stay open while other transactions commit and claims run.
+                await asyncio.sleep(rng.choice([0, 0, 0.001, 0.02, 0.3]))
+                unready_first = not in_mutable and rng.random() < 0.2
+                if unready_first:  # enqueued and moved in one transaction
+                    assert await conn.fetchval(UNREADY, batch[:1]) == batch[:1]
+                if rng.random() < 0.15:
+                    await tr.rollback()
+                    rolled_back.update(batch)
+                else:
+                    await tr.commit()
+                    committed.update(batch)
+                    if unready_first:
+                        unreadied.add(batch[0])
+
+    claimed: list[asyncpg.Record] = []
+
+    async def claimer(aging: float) -> None:
+        while True:
+            done = not producing  # read first: an empty claim after this means drained
+            rows = await claim(pool, 16, aging)
+            claimed.extend(rows)
+            if not rows:
+                if done:
+                    return
+                await asyncio.sleep(0.002)
+
+    async def held_horizon() -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.fetchval("SELECT pg_current_xact_id()")
+            while producing:
+                await asyncio.sleep(0.05)
+
+    async def unreadier() -> None:
+        rng = random.Random(99)
+        while producing:
+            if committed:
+                job = rng.choice(sorted(committed))
+                unreadied.update(await pool.fetchval(UNREADY, [job]))
+            await asyncio.sleep(0.005)
+
+    claimers = [asyncio.create_task(claimer(aging)) for aging in (0, 0, 5)]
+    holder = asyncio.create_task(held_horizon())
+    moving = asyncio.create_task(unreadier())
+    await asyncio.gather(*(producer(s) for s in range(6)))
+    producing = False
+    await asyncio.gather(*claimers, holder, moving)
+    # A last claim after every producer has ended finds nothing left over.
+    assert await claim(pool, 1000) == []
+
+    counts = Counter(r["id"] for r in claimed)
+    assert set(counts) == committed
+    assert max(counts.values()) == 1
+    assert not rolled_back & set(counts)
+    # A job moved out of the ring before its claim is claimed from the mutable lane.
+    assert {r["id"] for r in claimed if r["receipt_slot"] is None} >= unreadied
+    assert len(committed) > 1000 and rolled_back and unreadied
+
+
+async def test_a_long_open_producer_is_picked_up_when_it_commits(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as long:
+        tr = long.transaction()
+        await tr.start()
+        early = await ring(long, 2)
+        for _ in range(20):  # later transactions commit and are claimed meanwhile
+            later = await ring(pool)
+            assert [r["id"] for r in await claim(pool)] == later
+        await tr.commit()
+    assert [r["id"] for r in await claim(pool)] == early
+
+
+async def test_lower_priority_numbers_are_claimed_first(pool: asyncpg.Pool) -> None:
+    lanes = {priority: await ring(pool, 10, priority) for priority in (4, 3, 1, 2)}
+    order = [r["id"] for r in await claim(pool, 40)]
+    assert order == [*lanes[1], *lanes[2], *lanes[3], *lanes[4]]
+
+
+async def test_the_claim_reads_both_lanes_in_priority_order(pool: asyncpg.Pool) -> None:
+    (m1,) = await mutable(pool, 1, 1, "2000-01-01")
+    (m3,) = await mutable(pool, 1, 3)
+    (r2,) = await ring(pool, 1, 2)
+    (r1,) = await ring(pool, 1, 1)
+    rows = await claim(pool, 10)
+    assert [(r["id"], r["receipt_slot"] is None) for r in rows] == [
+        (m1, True), (r1, False), (r2, False), (m3, True)]
+    assert await claim(pool, 10) == []
+    assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE state = 'running' "
+                               "AND run_lease = 1") == 2
+
+
+async def test_aging_lets_an_old_low_priority_job_go_first(pool: asyncpg.Pool) -> None:
+    (fresh,) = await ring(pool, 1, 1)
+    (old_ring,) = await ring(pool, 1, 4, "2000-01-02")
+    (old_mutable,) = await mutable(pool, 1, 3, "2000-01-01")
+    async with pool.acquire() as conn:
+        tr = conn.transaction()
+        await tr.start()  # without aging: priority alone (rolled back, to claim again)
+        assert [r["id"] for r in await claim(conn, 3)] == [fresh, old_mutable, old_ring]
+        await tr.rollback()
+    # With aging every job waited long enough to reach priority 1: the oldest go first.
+    assert [r["id"] for r in await claim(pool, 3, aging=60)] == [old_mutable, old_ring, fresh]
+
+
+async def test_the_first_closure_of_an_attempt_wins(pool: asyncpg.Pool) -> None:
+    await ring(pool, 3)
+    a, b, c = await claim(pool)
+    results = await asyncio.gather(pool.fetchval(CLOSE, *attempt(a)),
+                                   pool.fetchval(CLOSE, *attempt(a)))
+    assert len([r for r in results if r is not None]) == 1
+    # A completion racing a move to the mutable lane: exactly one of them happens.
+    closed, moved = await asyncio.gather(pool.fetchval(CLOSE, *attempt(b)),
+                                         pool.fetchval(MATERIALIZE, *attempt(b)))
+    assert (closed is not None) != (moved == [b["id"]])
+    assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", b["id"]) == \
+        len(moved)
+    assert await pool.fetchval("SELECT count(*) FROM awa.closures") == 2
+    assert await pool.fetchval(CLOSE, *attempt(c)) is not None
+
+
+async def test_a_materialized_attempt_lives_on_in_the_mutable_lane(pool: asyncpg.Pool) -> None:
+    await ring(pool, 2)
+    a, b = await claim(pool)
+    assert await pool.fetchval(CLOSE, *attempt(a)) is not None
+    assert await pool.fetchval(MATERIALIZE, *attempt(a)) == []  # closed: nothing moves
+    assert await pool.fetchval(MATERIALIZE, *attempt(b)) == [b["id"]]
+    assert await pool.fetchval(MATERIALIZE, *attempt(b)) == []  # moved once
+    moved = await pool.fetchrow("SELECT state, run_lease, attempt, kind, queue FROM awa.jobs "
+                                "WHERE id = $1", b["id"])
+    assert dict(moved) == {"state": "running", "run_lease": b["run_lease"], "attempt": 1,
+                           "kind": "k", "queue": "q"}
+    assert await pool.fetchval(CLOSE, *attempt(b)) is None  # its ring completion writes nothing
+    assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", a["id"]) == 0
+
+
+async def test_a_silent_attempt_is_rescued_and_a_heartbeating_one_left_alone(
+        pool: asyncpg.Pool) -> None:
+    await ring(pool, 2)
+    a, b = await claim(pool, 2)
+    beat = "INSERT INTO awa.heartbeats (slot, id, run_lease, at) VALUES ($1, $2, $3, $4)"
+    # Both were claimed an hour ago; a was last heard of half an hour ago, b just now.
+    await pool.execute("UPDATE awa.receipts SET claimed_at = now() - interval '1 hour'")
+    last = await pool.fetchval("SELECT now() - interval '30 minutes'")
+    await pool.execute(beat, *attempt(a), last)
+    await pool.execute(beat, *attempt(b), await pool.fetchval("SELECT now()"))
+    assert await pool.fetchval("SELECT awa.ring_rescue('1 minute', 100)") == 1
+    rescued = await pool.fetchrow("SELECT state, run_lease, heartbeat_at FROM awa.jobs "
+                                  "WHERE id = $1", a["id"])
+    assert dict(rescued) == {"state": "running", "run_lease": a["run_lease"],
+                             "heartbeat_at": last}
+    assert await pool.fetchval(CLOSE, *attempt(a)) is None  # the late completion: nothing
+    assert await pool.fetchval(CLOSE, *attempt(b)) is not None
+    assert await pool.fetchval("SELECT awa.ring_rescue('0 s', 100)") == 0
+    # Past its deadline, an attempt is rescued whatever its heartbeats say.
+    (c_id,) = await ring(pool)
+    (c,) = await pool.fetch("SELECT * FROM awa.claim('q', 1, 0.01, 0)")
+    await asyncio.sleep(0.05)
+    await pool.execute(beat, *attempt(c), await pool.fetchval("SELECT now()"))
+    assert await pool.fetchval("SELECT awa.ring_rescue('1 hour', 100)") == 1
+    assert await pool.fetchval("SELECT state FROM awa.jobs WHERE id = $1", c_id) == "running"
+
+
+async def test_an_unreadied_job_is_claimed_once_from_the_mutable_lane(pool: asyncpg.Pool) -> None:
+    one, two, three = await ring(pool, 3)
+    assert await pool.fetchval(UNREADY, [two]) == [two]
+    assert await pool.fetchval(UNREADY, [two]) == []  # moved once
+    moved = await pool.fetchrow("SELECT state, run_lease, kind FROM awa.jobs WHERE id = $1", two)
+    assert dict(moved) == {"state": "available", "run_lease": 0, "kind": "k"}
+    rows = await claim(pool, 10)
+    assert sorted((r["id"], r["receipt_slot"] is None) for r in rows) == [
+        (one, False), (two, True), (three, False)]
+    assert await pool.fetchval(UNREADY, [one]) == []  # claimed already: stays a ring attempt
+    assert await claim(pool, 10) == []
+    four = await ring(pool)  # the ring moves on and never returns the moved job again
+    assert [r["id"] for r in await claim(pool, 10)] == four
+    assert await claim(pool, 10) == []
+
+
+async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
+        pool: asyncpg.Pool) -> None:
+    first_id, _, _, unreadied = await ring(pool, 4)  # into slot 0
+    assert await pool.fetchval(UNREADY, [unreadied]) == [unreadied]  # ready_cancels: slot 0
+    first = await claim(pool, 1)  # its receipt in slot 0
+    await move_ring_to(pool, 2)
+    # The first attempt is still open: it moves to the mutable lane and the receipts
+    # can go; the other jobs are not claimed yet, so the ready rows (and cancels) stay.
+    assert await reclaim_slot(pool, 0) == ["receipts", "closures"]
+    assert await pool.fetchval("SELECT state FROM awa.jobs WHERE id = $1", first_id) == "running"
+
+    rest = [r for r in await claim(pool, 10) if r["receipt_slot"] is not None]
+    assert len(rest) == 2
+    # Every job is claimed, but two attempts (receipts in slot 2) still read their
+    # ready rows: only the old tick goes.
+    assert await reclaim_slot(pool, 0) == ["claim_log"]
+    for r in rest:
+        await pool.fetchval(CLOSE, *attempt(r))
+    assert await reclaim_slot(pool, 0) == ["ready", "ready_cancels"]
+    assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
+    assert await pool.fetchval(CLOSE, *attempt(first[0])) is None  # a late closure: nothing
+
+    # A producer still writing into a slot holds reclaiming off until it commits,
+    # and then its job is not truncated but claimed.
+    await move_ring_to(pool, 4)
+    async with pool.acquire() as open_producer:
+        tr = open_producer.transaction()
+        await tr.start()
+        (late,) = await ring(open_producer)
+        await move_ring_to(pool, 5)
+        await claim(pool, 1)
+        with pytest.raises(asyncpg.LockNotAvailableError):
+            await reclaim_slot(pool, 4)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '30s'")
+            waiting = asyncio.create_task(conn.fetchval(
+                "SELECT awa.ring_reclaim('ready', 4::smallint)"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            await tr.commit()
+            assert await waiting is False
+    assert [r["id"] for r in await claim(pool)] == [late]
+
+
+async def test_the_ring_advances_only_into_an_empty_slot(pool: asyncpg.Pool) -> None:
+    await move_ring_to(pool, 15)
+    await pool.execute("UPDATE awa.ring SET slot = 0")
+    await ring(pool)  # slot 0 in use
+    await pool.execute("UPDATE awa.ring SET slot = 15")
+    assert await pool.fetchval("SELECT awa.ring_advance()") is None
+    assert await pool.fetchval("SELECT awa.ring_slot()") == 15
+    assert not await reclaim(pool, "receipts", 15)  # the slot being written is never reclaimed
+
+
+async def test_a_long_attempt_moves_to_the_mutable_lane_so_its_slot_can_go(
+        pool: asyncpg.Pool) -> None:
+    await ring(pool)  # slot 0
+    (job,) = await claim(pool)  # its receipt in slot 0 too
+    await move_ring_to(pool, 2)
+    await claim(pool)  # a tick after, in slot 2
+    assert await reclaim(pool, "receipts", 0)
+    assert await reclaim(pool, "closures", 0)
+    assert await reclaim(pool, "ready", 0)
+    assert not await reclaim(pool, "claim_log", 0)  # the newest tick: the next claim starts there
+    assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
+    # The attempt lives on in the mutable lane, with its run lease and payload.
+    moved = await pool.fetchrow("SELECT state, run_lease, kind FROM awa.jobs WHERE id = $1",
+                                job["id"])
+    assert dict(moved) == {"state": "running", "run_lease": job["run_lease"], "kind": "k"}
+    assert await pool.fetchval(CLOSE, *attempt(job)) is None
+    assert await claim(pool) == []
+
+
+async def test_available_counts_what_a_claim_would_find(pool: asyncpg.Pool) -> None:
+    assert await pool.fetchval(AVAILABLE, 100) == 0
+    second = await ring(pool, 10, 2)
+    await ring(pool, 2, 1)
+    assert await pool.fetchval(AVAILABLE, 100) == 12
+    assert await pool.fetchval(AVAILABLE, 5) == 5
+    await claim(pool, 4)  # both of priority 1, the first two of priority 2
+    await ring(pool, 1, 3)
+    assert await pool.fetchval(UNREADY, [second[4]]) == [second[4]]
+    assert await pool.fetchval(AVAILABLE, 100) == 12 + 1 - 4 - 1
+    async with pool.acquire() as open_producer, open_producer.transaction():
+        await ring(open_producer)
+        assert await pool.fetchval(AVAILABLE, 100) == 8  # not committed yet
+    assert await pool.fetchval(AVAILABLE, 100) == 9
+    rows = await claim(pool, 100)
+    assert len([r for r in rows if r["receipt_slot"] is not None]) == 9
+    assert [r["id"] for r in rows if r["receipt_slot"] is None] == [second[4]]
+    assert await pool.fetchval(AVAILABLE, 100) == 0
+
+
+async def test_an_idle_queue_is_polled_without_writing(pool: asyncpg.Pool) -> None:
+    await ring(pool)
+    await mutable(pool)
+    assert len(await claim(pool)) == 2
+    await claim(pool)  # the lanes catch up with the last tick
+    ticks = await pool.fetchval("SELECT count(*) FROM awa.claim_log")
+    async with pool.acquire() as conn, conn.transaction():
+        for _ in range(5):
+            assert await claim(conn, 10) == []
+        assert await conn.fetchval("SELECT pg_current_xact_id_if_assigned()") is None
+    assert await pool.fetchval("SELECT count(*) FROM awa.claim_log") == ticks
+    (job,) = await ring(pool)  # and the next job is still found
+    assert [r["id"] for r in await claim(pool)] == [job]
+
+
+async def test_a_paused_queue_claims_nothing(pool: asyncpg.Pool) -> None:
+    jobs = {*await ring(pool), *await mutable(pool)}
+    await pool.execute("INSERT INTO awa.queues (queue, paused) VALUES ('q', true)")
+    assert await claim(pool, 10) == []
+    assert await pool.fetchval(AVAILABLE, 100) == 1  # still there, only not claimed
+    await pool.execute("UPDATE awa.queues SET paused = false WHERE queue = 'q'")
+    assert {r["id"] for r in await claim(pool, 10)} == jobs
