@@ -23,6 +23,7 @@ from tests.browser import page  # noqa: F401  (the browser tests' fixture)
 import awa
 from awa.db import migrations
 from awa.db.pool import init_connection
+from awa.db.queries import queries
 from awa.telemetry.signals import Signals, listening
 
 _counter = itertools.count()
@@ -44,9 +45,14 @@ def server_url() -> str:
     return url
 
 
+#: AWA_TEST_RING=1: the test databases enqueue plain jobs into the append-only
+#: lane (migration 0020's awa.ring.enqueue), to run the suite against it.
+RING = os.environ.get("AWA_TEST_RING") == "1"
+
+
 def _template_name() -> str:
     digest = hashlib.sha1("".join(sql for _, _, sql in migrations.migrations()).encode())
-    return f"awa_test_tpl_{digest.hexdigest()[:12]}"
+    return f"awa_test_tpl_{digest.hexdigest()[:12]}{'_ring' if RING else ''}"
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +66,12 @@ async def template_db(server_url: str) -> str:
         if not exists:
             await conn.execute(f'CREATE DATABASE "{name}"')
             await awa.migrate(_with_database(server_url, name))
+            if RING:
+                migrated = await asyncpg.connect(_with_database(server_url, name))
+                try:
+                    await migrated.execute(queries()["ring_enqueue_set"], True)
+                finally:
+                    await migrated.close()
             await conn.execute(f"ALTER DATABASE \"{name}\" WITH IS_TEMPLATE true")
         await conn.execute("SELECT pg_advisory_unlock(4242)")
     finally:

@@ -363,7 +363,7 @@ async def test_uncommitted_and_stale_completions_release_nothing(
     dying = await _connect(database_url)
     await dying.execute("BEGIN")
     await dying.fetch(q["attempt_complete_batch"], [parent.id], [lease], None,
-                      timedelta(days=1))
+                      timedelta(days=1), None)
     await conn.execute("SELECT pg_terminate_backend($1)", dying.get_server_pid())
     await asyncio.sleep(0)  # (the server ends it; the transaction is rolled back)
     await dying.close()
@@ -372,13 +372,13 @@ async def test_uncommitted_and_stale_completions_release_nothing(
     await conn.execute("UPDATE awa.jobs SET state = 'available' WHERE id = $1", parent.id)
     second = (await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0))[0]["run_lease"]
     await pool.fetch(q["attempt_complete_batch"], [parent.id], [second], None,
-                     timedelta(days=1))
+                     timedelta(days=1), None)
     assert await _state(client, child.id) is S.Available
     claimed = await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0)
     assert [r["id"] for r in claimed] == [child.id]
     # The dead attempt's write, replayed late: nothing (the parent is not running).
     assert await pool.fetch(q["attempt_complete_batch"], [parent.id], [lease], None,
-                            timedelta(days=1)) == []
+                            timedelta(days=1), None) == []
     assert (await client.get_job(child.id)).state is S.Running
 
 

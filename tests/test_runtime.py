@@ -483,7 +483,7 @@ def _indexes_read_on_jobs(plan: dict[str, object]) -> set[str]:
 @pytest.mark.parametrize("plan_mode", ["force_generic_plan", "force_custom_plan"])
 @pytest.mark.parametrize("statement, arguments", [
     ("attempt_complete_batch", "(ARRAY[1,2,3]::bigint[], ARRAY[1,1,1]::bigint[], "
-                               "ARRAY[NULL,NULL,NULL]::jsonb[], interval '1 day')"),
+                               "ARRAY[NULL,NULL,NULL]::jsonb[], interval '1 day', NULL)"),
     ("attempt_unclaim", "(ARRAY[1,2,3]::bigint[], ARRAY[1,1,1]::bigint[])"),
 ])
 async def test_batch_completions_find_their_jobs_by_id_whatever_analyze_saw(
@@ -510,7 +510,7 @@ async def test_batch_completions_find_their_jobs_by_id_whatever_analyze_saw(
 
 
 @pytest.mark.parametrize("statement, rest", [
-    ("attempt_complete_batch", ", ARRAY[NULL,NULL,NULL]::jsonb[], interval '1 day'"),
+    ("attempt_complete_batch", ", ARRAY[NULL,NULL,NULL]::jsonb[], interval '1 day', NULL"),
     ("attempt_unclaim", "")])
 async def test_batch_completions_look_jobs_up_by_id_after_analyze_saw_an_empty_queue(
         database_url: str, conn: asyncpg.Connection, statement: str, rest: str) -> None:
@@ -568,7 +568,7 @@ async def test_a_heartbeat_of_many_attempts_reads_what_it_wrote_once(
     await conn.execute("ANALYZE awa.jobs")
     ids = [r["id"] for r in await conn.fetch(
         "SELECT id FROM awa.jobs WHERE state = 'running' ORDER BY id")]
-    args = (ids, [0] * len(ids), [None] * len(ids))
+    args = (ids, [0] * len(ids), [None] * len(ids), None)
     sql = queries()["attempt_heartbeat"]
     explained = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
     plan = explained[0]["Plan"]

@@ -64,6 +64,10 @@ class Job:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     concurrency_slot: int | None = None
+    #: Where a running attempt of the ring (the append-only lane, docs/storage.md)
+    #: has its receipt; None in the mutable lane (awa.jobs). The worker's own:
+    #: not shown, not compared, not serialized.
+    receipt_slot: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_at(self) -> str:
@@ -124,6 +128,8 @@ class Job:
         """A JSON-ready dict of every field (times ISO-8601, key base64)."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name in _PRIVATE_FIELDS:
+                continue
             value = getattr(self, f.name)
             name = f.name.removesuffix("_datetime")
             if isinstance(value, datetime):
@@ -136,6 +142,10 @@ class Job:
         out["traceparent"] = self.traceparent
         return out
 
+
+#: `Job` fields that are the worker's own, left out of every view of a job.
+_PRIVATE_FIELDS = frozenset({"receipt_slot"})
+PUBLIC_FIELDS = tuple(f.name for f in fields(Job) if f.name not in _PRIVATE_FIELDS)
 
 #: The columns of a claimed row, as the ``claimed_row`` fragment of
 #: ``db/sql/attempt.sql`` names them (in its order, which is the fast case).
@@ -173,12 +183,14 @@ class ClaimDecoder:
     arrive as epoch seconds: building datetimes from them costs half as much
     as decoding timestamps (measured)."""
 
-    __slots__ = ("_claimed", "_keys")
+    __slots__ = ("_claimed", "_keys", "_slot")
 
     def __init__(self, columns: Iterable[str], keyed: bool = False) -> None:
         at = {name: i for i, name in enumerate(columns)}
         self._claimed = _reader(at, CLAIM_COLUMNS)
         self._keys = _reader(at, KEY_COLUMNS) if keyed else None
+        #: Where the ring's receipt slot is (claims of awa.claim return one).
+        self._slot = at.get("receipt_slot")
 
     def __call__(self, row: Any) -> Job:
         """The running attempt a claimed row describes (its heartbeat is its start)."""
@@ -199,6 +211,8 @@ class ClaimDecoder:
         keys = self._keys
         if keys is not None:
             job.concurrency_key, job.concurrency_limit, job.concurrency_slot = keys(row)
+        if self._slot is not None:
+            job.receipt_slot = row[self._slot]
         return job
 
 

@@ -21,7 +21,7 @@ from awa.core.model import Job
 #: ``waiter(job_id, timeout, poll_interval=...) -> finished job`` (a client's ``wait_for``).
 AsyncWaiter = Callable[..., Awaitable[Job]]
 SyncWaiter = Callable[..., Job]
-_JOB_FIELDS = tuple(f.name for f in fields(Job))
+_JOB_FIELDS = tuple(f.name for f in fields(Job))  # all, receipt_slot too: a copy
 
 
 class InsertedJob(Job):

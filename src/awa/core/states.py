@@ -166,6 +166,13 @@ CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
 CLAIM_PLAN_LIFETIME = timedelta(seconds=2)
 #: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
 VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
+#: How often the leader moves the append-only lane's ring on and reclaims its
+#: spent slots (docs/storage.md, "Rotation and reclamation"): 16 slots of 30 s
+#: hold 8 minutes of history before a slot has to be spent to move on.
+RING_ROTATE_INTERVAL = timedelta(seconds=30)
+#: How long a reclaim waits for a slot's table before leaving it for the next
+#: pass: the only pause the ring's upkeep can cause claims and completions.
+RING_RECLAIM_LOCK_TIMEOUT = timedelta(milliseconds=200)
 #: How long a registered callback waits (and a callback heartbeat extends it)
 #: when no ``timeout_seconds`` is given. The SQL statements take the timeout
 #: as a parameter; this is the one place the default is written.

@@ -26,7 +26,6 @@ transaction, as Postgres dictates.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import sys
@@ -44,7 +43,7 @@ from awa.core.errors import (
     SchemaNotMigrated,
     UniqueConflict,
 )
-from awa.core.model import Job
+from awa.core.model import PUBLIC_FIELDS, Job
 from awa.core.options import EnqueueOptions
 from awa.db.errors import UNIQUE_CONSTRAINT, translate
 from awa.db.queries import queries
@@ -304,8 +303,7 @@ def _job_dict(row: dict[str, Any] | None) -> dict[str, Any]:
 def job_dict(job: Job) -> dict[str, Any]:
     """A job as the bridge answers it (`insert_job`, the ``*_external_in`` functions)."""
     # The row's own names and values: times as datetimes (``run_at``, not ``run_at_datetime``).
-    out = {f.name.removesuffix("_datetime"): getattr(job, f.name)
-           for f in dataclasses.fields(job)}
+    out = {name.removesuffix("_datetime"): getattr(job, name) for name in PUBLIC_FIELDS}
     out["state"] = str(job.state)
     out["traceparent"] = job.traceparent
     return out

@@ -362,21 +362,57 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
     """`copy_many`'s COPY (errors untranslated) in the transaction it opens
     (``begin``) or in the caller's: the wake-up trigger deferred until that
     transaction ends, each queue woken once at its commit. ``jobs`` carry no
-    unique key; ``ids``: reserved for them (``job_ids_reserve``)."""
-    columns, records = _copy_records(jobs)
-    available = JobState.Available.value
-    # The row-level wake-up trigger (0014) would call pg_notify once per row:
-    # defer it, and wake each queue once, in the same transaction.
-    woken = sorted({r[1] for r in records if r[3] == available})
+    unique key; ``ids``: reserved for them (``job_ids_reserve``). When the
+    append-only lane takes inserts (migration 0020), the plain ones go there."""
+    await conn.execute(q["tx_begin_deferred_notify" if begin else "tx_defer_notify"])
+    numbered = list(zip(ids, jobs, strict=True)) if ids is not None else None
+    ring: list[int] = []
+    if await conn.fetchval(q["ring_takes_inserts"]):
+        now = datetime.now(UTC)
+        ring = [i for i, j in enumerate(jobs) if _ring_plain(j, now)]
+    woken: set[str] = set()
+    if ring:
+        taken = set(ring)
+        rest = [i for i in range(len(jobs)) if i not in taken]
+        await _copy(conn, q, "ready", _RING_COLUMNS,
+                    [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts,
+                      j.run_at or now, j.tags, j.metadata_json)
+                     for j in (jobs[i] for i in ring)],
+                    None if numbered is None else [numbered[i][0] for i in ring])
+        woken.update(jobs[i].queue for i in ring)
+        jobs = [jobs[i] for i in rest]
+        ids = None if numbered is None else [numbered[i][0] for i in rest]
+    if jobs:
+        columns, records = _copy_records(jobs)
+        # The row-level wake-up trigger (0014) would call pg_notify once per row:
+        # defer it, and wake each queue once, in the same transaction.
+        available = JobState.Available.value
+        woken.update(r[1] for r in records if r[3] == available)
+        await _copy(conn, q, "jobs", columns, records, ids)
+    if woken:
+        await conn.execute(q["queue_notify"], sorted(woken))
+    return len(ring) + len(jobs)
+
+
+#: The columns `copy_records` sends to the append-only lane (awa.ready).
+_RING_COLUMNS = ("kind", "queue", "args", "priority", "max_attempts", "run_at", "tags",
+                 "metadata")
+
+
+def _ring_plain(job: PreparedJob, now: datetime) -> bool:
+    """Whether ``job`` may live in the append-only lane: due now, no keys."""
+    return (job.unique_key is None and job.ordering_key is None
+            and job.concurrency_key is None and (job.run_at is None or job.run_at <= now))
+
+
+async def _copy(conn: Conn, q: Queries, table: str, columns: tuple[str, ...],
+                records: list[tuple[Any, ...]], ids: Sequence[int] | None) -> None:
+    """Binary COPY of ``records`` into ``table``, with ``ids`` first when given."""
     if ids is not None:
         columns = ("id", *columns)
         records = [(i, *r) for i, r in zip(ids, records, strict=True)]
-    await conn.execute(q["tx_begin_deferred_notify" if begin else "tx_defer_notify"])
-    await conn.copy_records_to_table("jobs", schema_name=q.schema, records=records,
+    await conn.copy_records_to_table(table, schema_name=q.schema, records=records,
                                      columns=columns)
-    if woken:
-        await conn.execute(q["queue_notify"], woken)
-    return len(records)
 
 
 async def copy_many(conn: Conn, q: Queries, jobs: Sequence[PreparedJob]) -> int:

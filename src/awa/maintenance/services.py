@@ -87,6 +87,12 @@ class Rescuer(PeriodicService):
         single job leaves the other jobs' rescue alone (`Quarantine`)."""
         q = self._q
         failed: Exception | None = None
+        try:  # stale ring attempts first move to awa.jobs, where the rescue finds them
+            await self._pool.fetchval(q["ring_rescue"], self._staleness, RESCUE_BATCH)
+        except Exception as exc:
+            if lost_connection(exc):
+                raise
+            failed = exc
         for name, args, due_name, due_args in (
                 ("job_rescue_running", (self._staleness, RESCUE_BATCH, self._failed_retention),
                  "job_rescue_candidates", (self._staleness, RESCUE_BATCH)),

@@ -64,9 +64,11 @@ class Attempts:
         if attempt is not None:
             AttemptControl(attempt.ctx).notify()
 
-    def leases(self) -> list[tuple[int, int, JobContext]]:
-        """(job id, run lease, context) of every running handler (for the heartbeat)."""
-        return [(job_id, a.lease, a.ctx) for job_id, a in self._by_id.items()]
+    def leases(self) -> list[tuple[int, int, JobContext, int | None]]:
+        """(job id, run lease, context, receipt slot) of every running handler (for
+        the heartbeat)."""
+        return [(job_id, a.lease, a.ctx, AttemptControl(a.ctx).receipt_slot)
+                for job_id, a in self._by_id.items()]
 
     def per_queue(self) -> Counter[str]:
         """Running handlers per queue."""

@@ -65,6 +65,7 @@ class _Pending:
     output: str | None
     followups: tuple[PreparedJob, ...]
     future: asyncio.Future[bool] | None
+    slot: int | None = None  #: a ring attempt's receipt slot (`Job.receipt_slot`)
 
 
 class Completer:
@@ -156,24 +157,25 @@ class Completer:
         """Completions waiting for the next flush (the dispatchers' backlog bound)."""
         return len(self._pending)
 
-    def pending(self) -> dict[int, int]:
-        """Attempts whose completion is not yet written: id → run lease."""
-        pending = {job_id: p.lease for job_id, p in self.blocked.items()}
-        pending.update((job_id, p.lease) for job_id, p in self._pending.items())
+    def pending(self) -> dict[int, tuple[int, int | None]]:
+        """Attempts whose completion is not yet written: id → (run lease, receipt slot)."""
+        pending = {job_id: (p.lease, p.slot) for job_id, p in self.blocked.items()}
+        pending.update((job_id, (p.lease, p.slot)) for job_id, p in self._pending.items())
         return pending
 
     def complete(self, job_id: int, lease: int, output_json: str | None = None,
-                 followups: Sequence[PreparedJob] = (), *,
-                 wait: bool = False) -> asyncio.Future[bool] | None:
+                 followups: Sequence[PreparedJob] = (), *, wait: bool = False,
+                 slot: int | None = None) -> asyncio.Future[bool] | None:
         """Queue a completion; it is written by the next flush.
 
         With follow-ups (or ``wait``), the returned future resolves once the
         batch commits: True if this completion (and its follow-ups) committed,
         False if its lease was stale or the write was given up (the job then
         stays running for rescue). Without, nothing waits (the fast path).
+        ``slot``: a ring attempt's receipt slot (`Job.receipt_slot`).
         """
         future = asyncio.get_running_loop().create_future() if followups or wait else None
-        self._pending[job_id] = _Pending(lease, output_json, tuple(followups), future)
+        self._pending[job_id] = _Pending(lease, output_json, tuple(followups), future, slot)
         self._idle.clear()
         self._wakeup.set()
         return future
@@ -236,16 +238,20 @@ class Completer:
         # The usual batch has no outputs: one NULL to send, not an array of them.
         outputs = [p.output for _, p in batch] if any(p.output is not None for _, p in batch) \
             else None
+        # Likewise the receipt slots: NULL when the batch has no ring attempt.
+        slots = [p.slot for _, p in batch] if any(p.slot is not None for _, p in batch) \
+            else None
         with_followups = any(p.followups for _, p in batch)
         for delay in (*RETRY_DELAYS, None):
             try:
                 with translated():
                     if with_followups:
-                        rows = await self._flush_with_followups(batch, ids, leases, outputs)
+                        rows = await self._flush_with_followups(batch, ids, leases, outputs,
+                                                                slots)
                     else:
                         rows = await self._batch.fetch(
                             self._q["attempt_complete_batch"], ids, leases, outputs,
-                            self._completed_retention, timeout=BATCH_WAIT)
+                            self._completed_retention, slots, timeout=BATCH_WAIT)
                 if any(p.future is not None for _, p in batch):
                     done = {r["id"] for r in rows}
                     for job_id, p in batch:
@@ -280,15 +286,15 @@ class Completer:
                 await asyncio.sleep(delay)
 
     async def _flush_with_followups(self, batch: list[tuple[int, _Pending]], ids: list[int],
-                                    leases: list[int],
-                                    outputs: list[str | None] | None) -> list[Any]:
+                                    leases: list[int], outputs: list[str | None] | None,
+                                    slots: list[int | None] | None) -> list[Any]:
         """One transaction: the batch's completions, then the follow-ups of those
         that completed (a stale completion brings none of its follow-ups)."""
         async with self._pool.acquire() as conn:
             await conn.execute(self._q["tx_begin_deferred_notify"])
             try:
                 rows = await conn.fetch(self._q["attempt_complete_batch"], ids, leases, outputs,
-                                        self._completed_retention, timeout=BATCH_WAIT)
+                                        self._completed_retention, slots, timeout=BATCH_WAIT)
                 done = {r["id"] for r in rows}
                 plain: list[PreparedJob] = []
                 for job_id, p in batch:
@@ -351,7 +357,7 @@ class Completer:
         written (False: stale lease, or a follow-up rejected, as `write`); None if it
         timed out or failed transiently, to be tried again."""
         sql, args = self._statement(job_id, p.lease, Outcome("completed", output_json=p.output),
-                                    None)
+                                    None, p.slot)
         try:
             with translated():
                 if p.followups:
@@ -381,13 +387,13 @@ class Completer:
     async def _one_by_one(self, batch: list[tuple[int, _Pending]]) -> None:
         for job_id, p in batch:
             ok = await self.write(job_id, p.lease, Outcome("completed", output_json=p.output),
-                                  None, p.followups)
+                                  None, p.followups, slot=p.slot)
             _resolve(p.future, ok)
             if ok:
                 self.completed += 1
 
-    def _statement(self, job_id: int, lease: int, outcome: Outcome,
-                   progress_json: str | None) -> tuple[str, tuple[object, ...]]:
+    def _statement(self, job_id: int, lease: int, outcome: Outcome, progress_json: str | None,
+                   slot: int | None = None) -> tuple[str, tuple[object, ...]]:
         """The statement that writes ``outcome`` (named by `OUTCOMES`) and its arguments."""
         kind = outcome.kind
         spec = OUTCOMES.get(kind)
@@ -398,7 +404,7 @@ class Completer:
             outcome = dataclasses.replace(outcome, error=validate.storable_text(outcome.error))
         args: tuple[object, ...]
         if kind == "completed":
-            args = ([job_id], [lease], [outcome.output_json], self._completed_retention)
+            args = ([job_id], [lease], [outcome.output_json], self._completed_retention, [slot])
         elif kind == "retry":
             args = (job_id, lease, outcome.delay, outcome.error, progress_json)
         elif kind == "snooze":
@@ -415,7 +421,7 @@ class Completer:
 
     async def write(self, job_id: int, lease: int, outcome: Outcome,
                     progress_json: str | None = None,
-                    followups: Sequence[PreparedJob] = ()) -> bool:
+                    followups: Sequence[PreparedJob] = (), *, slot: int | None = None) -> bool:
         """Write one outcome (with its follow-ups, atomically); False if the lease was stale.
 
         Transient failures (deadlock, lost connection) retry the whole transaction
@@ -423,13 +429,21 @@ class Completer:
         lost finds no running row and inserts nothing. A statement that timed out
         (its row held by an open transaction, most likely) is retried without
         limit: only this job waits, and its outcome is not given up.
+
+        A ring attempt (``slot``: its receipt slot) is moved to the mutable lane
+        first, unless it completes: every other outcome is written there.
         """
-        sql, args = self._statement(job_id, lease, outcome, progress_json)
+        sql, args = self._statement(job_id, lease, outcome, progress_json, slot)
+        move = slot is not None and outcome.kind != "completed"
         delays = iter((*RETRY_DELAYS, None))
         waited = False
         while True:
             try:
                 with translated():
+                    if move:
+                        await self._pool.execute(self._q["attempt_materialize"], [slot],
+                                                 [job_id], [lease])
+                        move = False
                     if not followups:
                         row = await self._pool.fetchrow(sql, *args)
                         telemetry.dead_lettered(row)

@@ -285,12 +285,23 @@ class JobContext:
     def _restore_progress(self) -> None:
         self._progress_dirty = True
 
+    async def _to_mutable_lane(self, db: AttemptDb) -> None:
+        """Move a ring attempt to the mutable lane (docs/storage.md), where its
+        progress and callbacks can be written; nothing for one already there."""
+        slot = self._job.receipt_slot
+        if slot is not None:
+            with translated():
+                await db.ops.execute(db.q["attempt_materialize"], [slot], [self.id],
+                                     [self.run_lease])
+            self._job.receipt_slot = None
+
     async def flush_progress(self) -> None:
         """Write buffered progress now."""
         db = self._require_active("flush_progress")
         text = self._take_progress()
         if text is None:
             return
+        await self._to_mutable_lane(db)
         with translated():
             row = await db.ops.fetchrow(db.q["attempt_progress"], self.id, self.run_lease,
                                          text)
@@ -337,6 +348,7 @@ class JobContext:
         rules = compile_rules(filter=filter, on_complete=on_complete, on_fail=on_fail,
                               transform=transform)
         token = CallbackToken.new()
+        await self._to_mutable_lane(db)
         with translated():
             row = await db.ops.fetchrow(db.q["callback_register"], self.id, self.run_lease,
                                          uuid.UUID(token.id), seconds,
@@ -415,6 +427,15 @@ class AttemptControl:
     def take_progress(self) -> str | None:
         """Buffered progress as JSON if it changed since the last write (then clean)."""
         return self.ctx._take_progress()
+
+    @property
+    def receipt_slot(self) -> int | None:
+        """The attempt's receipt slot while it is in the ring (`Job.receipt_slot`)."""
+        return self.ctx._job.receipt_slot
+
+    def moved(self) -> None:
+        """The attempt was moved to the mutable lane (its progress goes there)."""
+        self.ctx._job.receipt_slot = None
 
     def restore_progress(self) -> None:
         """The progress taken was not written: write it next time."""

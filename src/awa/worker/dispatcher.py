@@ -47,7 +47,7 @@ class Dispatcher:
     def __init__(self, cfg: QueueConfig, pool: asyncpg.Pool, q: Queries, capacity: Capacity,
                  launch: Callable[[Job], None], poll_interval: float,
                  backlog: Callable[[], bool] = lambda: False,
-                 reject: Callable[[int, int, str], None] = lambda *_: None) -> None:
+                 reject: Callable[[int, int, str, int | None], None] = lambda *_: None) -> None:
         self.cfg = cfg
         self._db: asyncpg.Pool | HeldConnection = pool  # what claims go through
         self._q = q
@@ -134,7 +134,7 @@ class Dispatcher:
     def _take_rows(self, rows: list[asyncpg.Record], keyed: bool = False) -> None:
         """Queue claimed rows to start, decoded by column name (one `ClaimDecoder` per
         batch); one that cannot become a `Job` (a value no writer of ours stores, or a
-        column missing) is handed to ``reject`` (id, lease, error) to be failed: it
+        column missing) is handed to ``reject`` (id, lease, error, receipt slot) to be failed: it
         must not stop the loop, nor the rest of its batch."""
         decode: ClaimDecoder | None = None
         for row in rows:
@@ -146,7 +146,7 @@ class Dispatcher:
                 log.error("claimed job %s of %r cannot be decoded: %r", row["id"],
                           self.cfg.name, exc)
                 self._reject(row["id"], row["run_lease"],
-                             f"claimed row cannot be decoded: {exc!r}")
+                             f"claimed row cannot be decoded: {exc!r}", row.get("receipt_slot"))
 
     async def _unclaim(self) -> None:
         """Hand jobs claimed ahead back to the queue: the worker is stopping."""
@@ -154,6 +154,11 @@ class Dispatcher:
         if not jobs:
             return
         try:
+            ring = [j for j in jobs if j.receipt_slot is not None]
+            if ring:  # ring attempts are handed back from the mutable lane
+                await self._db.execute(self._q["attempt_materialize"],
+                                       [j.receipt_slot for j in ring], [j.id for j in ring],
+                                       [j.run_lease for j in ring])
             await self._db.execute(self._q["attempt_unclaim"], [j.id for j in jobs],
                                    [j.run_lease for j in jobs])
         except Exception as exc:  # they stay running, and rescue re-runs them

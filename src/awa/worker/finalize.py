@@ -77,7 +77,7 @@ class Finalizer:
             return False
         control.seal()
         output = outcome.output_json if outcome.output_json is not None else ctx.output_json
-        self.completer.complete(job.id, job.run_lease, output)
+        self.completer.complete(job.id, job.run_lease, output, slot=job.receipt_slot)
         return True
 
     async def finalize(self, job: Job, ctx: JobContext | None, outcome: Outcome, *,
@@ -94,13 +94,14 @@ class Finalizer:
             # Batched with other completions; wait for the batch to commit only
             # when something depends on it (follow-ups, hooks).
             future = self.completer.complete(job.id, job.run_lease, outcome.output_json,
-                                             followups, wait=self.followups.has_hooks)
+                                             followups, wait=self.followups.has_hooks,
+                                             slot=job.receipt_slot)
             if future is None:
                 return Finalized(outcome, written=True, trigger=None)
             return Finalized(outcome, written=await future, trigger=trigger)
         progress = AttemptControl(ctx).take_progress() if ctx is not None else None
         written = await self.completer.write(job.id, job.run_lease, outcome, progress,
-                                             followups)
+                                             followups, slot=job.receipt_slot)
         if written and OUTCOMES[outcome.kind].throughput:
             self.completer.count(job.queue, outcome.kind)
         return Finalized(outcome, written=written, trigger=trigger)

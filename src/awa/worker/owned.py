@@ -79,7 +79,8 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
             output = outcome.output_json if outcome.output_json is not None else ctx.output_json
             with translated():
                 done = await conn.fetch(db.q["attempt_complete_batch"], [job.id],
-                                        [job.run_lease], [output], retention)
+                                        [job.run_lease], [output], retention,
+                                        [job.receipt_slot])
             if not done:
                 await end(commit=False)
                 return Outcome("lost", error="run lease is stale: nothing committed")

@@ -64,12 +64,12 @@ class JobRunner:
         self._tasks[(job.id, job.run_lease)] = \
             asyncio.get_running_loop().create_task(self.run(job))
 
-    def reject(self, job_id: int, lease: int, error: str) -> None:
+    def reject(self, job_id: int, lease: int, error: str, slot: int | None = None) -> None:
         """Fail a claimed job that cannot even be decoded (see `Dispatcher`)."""
         async def fail() -> None:
             try:
                 await self._completer.write(job_id, lease, Outcome("fail", error=error,
-                                                                   terminal=True))
+                                                                   terminal=True), slot=slot)
             finally:
                 self._tasks.pop((job_id, lease), None)
         self._tasks[(job_id, lease)] = asyncio.create_task(fail())

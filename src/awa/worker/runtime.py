@@ -33,6 +33,7 @@ from awa.maintenance.base import PeriodicService
 from awa.maintenance.batch import BatchRunner
 from awa.maintenance.cron import CronSchedule, CronService
 from awa.maintenance.leader import LeaderElection
+from awa.maintenance.ring import RingKeeper
 from awa.maintenance.services import (
     UNSERVED_CHECK_INTERVAL,
     Cleaner,
@@ -50,14 +51,14 @@ from awa.worker.attempts import Attempts
 from awa.worker.capacity import Capacity
 from awa.worker.completion import Completer
 from awa.worker.config import RuntimeConfig
-from awa.worker.context import AttemptDb, JobContext
+from awa.worker.context import AttemptDb
 from awa.worker.descriptors import Scope
 from awa.worker.dispatcher import Dispatcher
 from awa.worker.executor import JobExecutor
 from awa.worker.finalize import Finalizer
 from awa.worker.followups import FollowUpRegistry, after_rescue
 from awa.worker.health import HealthCheck, HealthServer, QueueHealth, WorkerHealth
-from awa.worker.heartbeat import Heartbeat
+from awa.worker.heartbeat import Heartbeat, LiveAttempt
 from awa.worker.metrics import metrics_text
 from awa.worker.notifications import Notifications
 from awa.worker.overrides import OverrideWatcher
@@ -161,6 +162,7 @@ class Runtime:
                     batch_size=c.cleanup_batch_size, dlq_retention=c.dlq_retention,
                     failed_retention=c.failed_retention),
             Vacuumer(pool, q, states.VACUUM_CHECK_INTERVAL, is_leader),
+            RingKeeper(pool, q, states.RING_ROTATE_INTERVAL, is_leader),
             CronService(pool, q, c.cron_interval, is_leader),
             BatchRunner(pool, q, c.batch_interval, is_leader, instance_id=self.instance_id,
                         chunk_size=c.batch_chunk_size),
@@ -299,13 +301,14 @@ class Runtime:
 
     # -- what the parts read ---------------------------------------------------------
 
-    def _live_attempts(self) -> list[tuple[int, int, JobContext | None]]:
+    def _live_attempts(self) -> list[LiveAttempt]:
         """Attempts to heartbeat: running handlers, jobs claimed ahead, and
         completions not yet written."""
-        live: list[tuple[int, int, JobContext | None]] = [*self._attempts.leases()]
-        live.extend((job.id, job.run_lease, None)
+        live: list[LiveAttempt] = [*self._attempts.leases()]
+        live.extend((job.id, job.run_lease, None, job.receipt_slot)
                     for d in self.dispatchers.values() for job in d.ready)
-        live.extend((job_id, lease, None) for job_id, lease in self.completer.pending().items()
+        live.extend((job_id, lease, None, slot)
+                    for job_id, (lease, slot) in self.completer.pending().items()
                     if job_id not in self._attempts)
         return live
 

@@ -29,58 +29,13 @@ j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
  OR set_config('synchronous_commit', 'on', true) = 'on')
 
 -- name: attempt_claim
--- Up to $2 jobs of queue $1, most urgent first after aging ($4 = aging
--- interval in seconds, 0 = off), FIFO within a priority. The best candidates
--- of each raw priority are its oldest, so four short index scans find the
--- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
--- Keyed jobs (concurrency_key) are left to attempt_claim_keyed, which gives
--- each a slot of its key (concurrency.sql).
--- The claim commits durably (claim_durably).
-WITH open AS (
-    SELECT {{claim_durably}}
-           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
-), c1 AS (
-    SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), c2 AS (
-    SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), c3 AS (
-    SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), c4 AS (
-    SELECT id, priority, run_at, ordering_key FROM awa.jobs
-    WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
-      AND (SELECT ok FROM open)
-    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM (SELECT * FROM c1 UNION ALL SELECT * FROM c2
-                    UNION ALL SELECT * FROM c3 UNION ALL SELECT * FROM c4) c
-    -- A job with an ordering key waits for every earlier unfinished job with that key.
-    WHERE c.ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM awa.jobs r
-        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
-    -- Ages are float8 epoch differences: they cannot fail on any stored time.
-    ORDER BY CASE WHEN $4::float8 > 0
-                  THEN greatest(1, priority - floor((date_part('epoch', now())
-                                                     - date_part('epoch', run_at)) / $4))
-                  ELSE priority END,
-             run_at, id
-    LIMIT $2
-)
-UPDATE awa.jobs j
-SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
-    attempted_at = now(), heartbeat_at = now(),
-    deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
-FROM picked WHERE j.id = picked.id
--- (claimed_row: only what a running job can hold; see the fragment.)
-RETURNING {{claimed_row}}
+-- Up to $2 jobs of queue $1 from both lanes (the ring's and awa.jobs's), most
+-- urgent first after aging ($4 = aging interval in seconds, 0 = off), FIFO
+-- within a lane, with a deadline of $3 seconds (0 = none): awa.claim
+-- (migration 0020). Each row also says where a ring attempt's receipt is
+-- (receipt_slot; NULL for a mutable-lane job). Keyed jobs (concurrency_key)
+-- are left to attempt_claim_keyed (concurrency.sql). Durable, as every claim.
+SELECT * FROM awa.claim($1::text, $2::int, $3::float8, $4::float8)
 
 -- name: attempt_unclaim
 -- Jobs claimed ahead that never started (the worker is stopping): available
@@ -104,8 +59,18 @@ SELECT count(*) AS n, pg_notify('awa_jobs', queue) FROM back GROUP BY queue
 -- a heartbeat never waits for a row lock, so it can never be part of a
 -- deadlock, which is what lets the completion batch lock in any order.
 -- Buffered progress ($3, NULL = unchanged) is written along.
+-- A ring attempt ($4: its receipt slot, NULL for the mutable lane) beats by a
+-- heartbeats row while it is open; one moved to the mutable lane meanwhile
+-- beats there (the caller moves an attempt with progress first: the ring has
+-- no place for it).
 WITH c AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[]) AS c(id, lease, progress)
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::jsonb[], $4::smallint[])
+        AS c(id, lease, progress, slot)
+), ring AS (
+    INSERT INTO awa.heartbeats (slot, id, run_lease)
+    SELECT c.slot, c.id, c.lease FROM c
+    WHERE c.slot IS NOT NULL AND awa.ring_open(c.slot, c.id, c.lease)
+    RETURNING id
 ), owned AS (
     SELECT j.id FROM awa.jobs j JOIN c ON j.id = c.id AND j.run_lease = c.lease
     WHERE j.state IN ('running', 'waiting_external')
@@ -123,7 +88,8 @@ WITH c AS (
 -- quadratic in the attempts (3 s for 6,000; it hit the 30-s timeout when a
 -- stall left tens of thousands of completions waiting, bench/soak.py).
 SELECT id, bool_or(written) AS written
-FROM (SELECT id, false AS written FROM owned UNION ALL SELECT id, true FROM beat) b
+FROM (SELECT id, false AS written FROM owned UNION ALL SELECT id, true FROM beat
+      UNION ALL SELECT id, true FROM ring) b
 GROUP BY id
 
 -- name: attempt_complete_batch
@@ -145,22 +111,47 @@ GROUP BY id
 -- once a backlog had grown (bench/soak.py, auto_explain). `id = ANY($1)` can
 -- only be an index condition; each row's lease and output are looked up in a
 -- JSON map of the batch, built once.
-WITH moved AS (
+-- Ring attempts ($5: each one's receipt slot, NULL for the mutable lane; NULL
+-- when the batch has none) close by a closure, written only where the receipt
+-- is and first come first served (closures_key), then finish from their ready
+-- row. One whose closure lost because it was moved to the mutable lane
+-- (ring_materialize) is finished there, by the DELETE below.
+WITH c AS MATERIALIZED (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::smallint[]) AS c(id, lease, slot)
+), closed AS (
+    INSERT INTO awa.closures (slot, id, run_lease, outcome)
+    SELECT c.slot, c.id, c.lease, awa.ring_outcome('completed') FROM c
+    WHERE c.slot IS NOT NULL AND EXISTS (
+        SELECT 1 FROM awa.receipts r
+        WHERE r.slot = c.slot AND r.id = c.id AND r.run_lease = c.lease)
+    ON CONFLICT DO NOTHING
+    RETURNING slot, id, run_lease
+), outputs AS MATERIALIZED (
+    SELECT jsonb_object_agg(c.id, c.output) FILTER (WHERE c.output IS NOT NULL) AS o
+    FROM unnest($1::bigint[], $3::jsonb[]) AS c(id, output)
+), ring_done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM closed k
+        JOIN awa.receipts r ON r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
+        JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
+                        AND w.lease_base = r.run_lease - 1,
+        LATERAL awa.finished(awa.ring_job(w, r, NULL), 'completed', $4::interval, NULL, NULL,
+                             true, (SELECT o FROM outputs) -> k.id::text) f
+    RETURNING id, queue
+), moved AS (
     DELETE FROM awa.jobs j
-    WHERE j.id = ANY($1::bigint[]) AND j.state::text = 'running'
-      AND j.run_lease = ((SELECT jsonb_object_agg(c.id, c.lease)
-                          FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease))
-                         ->> j.id::text)::bigint
-    RETURNING j, (SELECT jsonb_object_agg(c.id, c.output) FILTER (WHERE c.output IS NOT NULL)
-                  FROM unnest($1::bigint[], $3::jsonb[]) AS c(id, output)) -> j.id::text
-                 AS output
+    WHERE j.id = ANY(ARRAY(SELECT c.id FROM c WHERE c.slot IS NULL OR NOT EXISTS (
+                               SELECT 1 FROM closed k WHERE k.id = c.id)))
+      AND j.state::text = 'running'
+      AND j.run_lease = ((SELECT jsonb_object_agg(c.id, c.lease) FROM c) ->> j.id::text)::bigint
+    RETURNING j, (SELECT o FROM outputs) -> j.id::text AS output
 ), done AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM moved m,
         LATERAL awa.finished(m.j, 'completed', $4::interval, NULL, NULL, true, m.output) f
     RETURNING id, queue
 )
-SELECT id, queue FROM done
+SELECT id, queue FROM done UNION ALL SELECT id, queue FROM ring_done
 
 -- name: attempt_fail
 -- Failure ($3 = error text, $5 = progress to keep or NULL, $6 = marks the
@@ -242,3 +233,10 @@ SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
     attempted_at = now(), heartbeat_at = now()
 FROM picked WHERE j.id = picked.id
 RETURNING j.*
+
+-- name: attempt_materialize
+-- Move open ring attempts (receipt slots $1, ids $2, run leases $3) to the
+-- mutable lane before anything but a plain completion is written for them
+-- (migration 0020, awa.ring_materialize). Moving one already moved, or no
+-- longer open, does nothing; the write that follows is guarded as usual.
+SELECT awa.ring_materialize($1::smallint[], $2::bigint[], $3::bigint[]) AS id

@@ -1,24 +1,49 @@
 -- Statements on jobs: insert, read, and the admin transitions.
 -- Finished jobs are moved with awa.finished() (see 0001_jobs.sql).
 
--- fragment: job_insert_row
+-- fragment: job_insert_values
 -- One job from `PreparedJob.insert_params`; due now unless $4 is in the future.
-INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
-                      metadata, unique_key, unique_states, ordering_key, concurrency_key,
-                      concurrency_limit)
-SELECT $1, $2, $3::text::jsonb,
-       CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
-       coalesce($4::timestamptz, now()), $5, $6, $7, $8::text::jsonb, $9, $10, $11, $12, $13
+-- ring: whether it goes to the append-only lane (awa.ready, migration 0020):
+-- when that lane takes inserts (awa.ring.enqueue) and the job is due now with
+-- no unique, ordering or concurrency key (those coordinate in awa.jobs).
+v AS (
+    SELECT $1::text AS kind, $2::text AS queue, $3::text::jsonb AS args,
+           CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
+               AS state,
+           coalesce($4::timestamptz, now()) AS run_at, $5::smallint AS priority,
+           $6::smallint AS max_attempts, $7::text[] AS tags, $8::text::jsonb AS metadata,
+           $9::bytea AS unique_key, $10::smallint AS unique_states, $11::text AS ordering_key,
+           $12::text AS concurrency_key, $13::integer AS concurrency_limit,
+           (SELECT enqueue FROM awa.ring) AND NOT coalesce($4::timestamptz > now(), false)
+               AND $9 IS NULL
+               AND $11 IS NULL AND $12 IS NULL AS ring
+), to_ring AS (
+    INSERT INTO awa.ready (kind, queue, args, priority, max_attempts, run_at, tags, metadata)
+    SELECT kind, queue, args, priority, max_attempts, run_at, tags, metadata FROM v WHERE ring
+    RETURNING *
+), to_jobs AS (
+    INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
+                          metadata, unique_key, unique_states, ordering_key, concurrency_key,
+                          concurrency_limit)
+    SELECT kind, queue, args, state, run_at, priority, max_attempts, tags, metadata, unique_key,
+           unique_states, ordering_key, concurrency_key, concurrency_limit
+    FROM v WHERE NOT ring
+    RETURNING *
+)
 
 -- name: job_insert
-{{job_insert_row}}
-RETURNING *
+WITH {{job_insert_values}}
+SELECT * FROM to_jobs
+UNION ALL
+SELECT j.* FROM to_ring r CROSS JOIN LATERAL awa.ready_job(r) j
 
 -- name: job_insert_one
 -- The single-insert path: the caller holds every value it sent, so only what
 -- the server chose comes back (a job due now has run_at = created_at).
-{{job_insert_row}}
-RETURNING id, state, created_at
+WITH {{job_insert_values}}
+SELECT id, state, created_at FROM to_jobs
+UNION ALL
+SELECT id, 'available'::awa.job_state, created_at FROM to_ring
 
 -- name: job_staging_create
 CREATE TEMP TABLE awa_job_staging (
@@ -74,12 +99,42 @@ WHERE unique_key IS NULL
    OR id IN (SELECT job_id FROM claimed)
 ORDER BY id
 
+-- fragment: staging_insert_routed
+-- staging_insert's rows, the plain ones (due now, no unique, ordering or
+-- concurrency key) into the append-only lane when it takes inserts
+-- (job_insert_values says why); every inserted job comes back as a jobs row,
+-- in id (input) order.
+routed AS MATERIALIZED (
+    SELECT s.*, (SELECT enqueue FROM awa.ring) AND s.state = 'available'
+               AND s.unique_key IS NULL AND s.ordering_key IS NULL
+               AND s.concurrency_key IS NULL AS ring
+    FROM src s
+), to_ring AS (
+    INSERT INTO awa.ready (id, kind, queue, args, priority, max_attempts, run_at, tags, metadata)
+    SELECT id, kind, queue, args, priority, max_attempts, coalesce(run_at, now()), tags, metadata
+    FROM routed WHERE ring ORDER BY id
+    RETURNING *
+), to_jobs AS (
+    INSERT INTO awa.jobs (id, kind, queue, args, state, run_at, priority, max_attempts, tags,
+                          metadata, unique_key, unique_states, ordering_key, concurrency_key,
+                          concurrency_limit)
+    SELECT id, kind, queue, args, state, coalesce(run_at, now()), priority, max_attempts, tags,
+           metadata, unique_key, unique_states, ordering_key, concurrency_key, concurrency_limit
+    FROM routed
+    WHERE NOT ring AND (unique_key IS NULL
+       OR (unique_states & awa.state_bit(state)) = 0
+       OR id IN (SELECT job_id FROM claimed))
+    ORDER BY id
+    RETURNING *
+)
+SELECT * FROM (SELECT * FROM to_jobs
+               UNION ALL SELECT j.* FROM to_ring r CROSS JOIN LATERAL awa.ready_job(r) j) i
+ORDER BY id
+
 -- name: job_insert_from_staging
 -- Unique claims are taken first, in input order, so a duplicate (of an
 -- existing job or of an earlier row in the batch) is skipped, not an error.
-WITH {{staging_claimed}}
-{{staging_insert}}
-RETURNING *
+WITH {{staging_claimed}}, {{staging_insert_routed}}
 
 -- name: job_insert_many
 -- A small batch in one statement (one round trip, no staging table): the
@@ -102,9 +157,7 @@ WITH src AS MATERIALIZED (
                               metadata, unique_key, unique_states, ordering_key,
                               concurrency_key, concurrency_limit, ord)
     ORDER BY s.ord
-), {{unique_claimed}}
-{{staging_insert}}
-RETURNING *
+), {{unique_claimed}}, {{staging_insert_routed}}
 
 -- name: job_get
 SELECT * FROM awa.jobs_all WHERE id = $1
@@ -244,3 +297,7 @@ SELECT set_config('awa.defer_notify', 'on', true)
 -- call's order, whichever statement inserts it.
 SELECT array_agg(nextval(pg_get_serial_sequence('awa.jobs', 'id')) ORDER BY g) AS ids
 FROM generate_series(1, $1) g
+
+-- name: ring_takes_inserts
+-- Whether plain jobs are enqueued into the append-only lane (migration 0020).
+SELECT enqueue FROM awa.ring

@@ -48,8 +48,8 @@ $$;
 -- transaction. lease_base: the run lease the next attempt starts from.
 -- attempt: attempts already made. The other columns are awa.jobs's.
 CREATE TABLE awa.ready (
-    slot         smallint NOT NULL,
-    id           bigint NOT NULL,
+    slot         smallint NOT NULL DEFAULT awa.ring_slot(),
+    id           bigint NOT NULL DEFAULT nextval(pg_get_serial_sequence('awa.jobs', 'id')),
     queue        awa.name_200 NOT NULL,
     priority     awa.job_priority NOT NULL,
     xid          xid8 NOT NULL DEFAULT pg_current_xact_id(),
@@ -151,6 +151,15 @@ LANGUAGE sql IMMUTABLE AS $$
                w.max_attempts, r.run_lease, w.run_at, w.created_at, r.claimed_at,
                heartbeat, r.deadline_at, NULL, w.tags, w.metadata, w.errors, NULL, NULL,
                NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::awa.jobs
+$$;
+
+-- Ready row w as the available awa.jobs row it stands for (what inserts return).
+CREATE FUNCTION awa.ready_job(w awa.ready) RETURNS awa.jobs
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(w.id, w.kind, w.queue, w.args, 'available', w.priority, w.attempt,
+               w.max_attempts, w.lease_base, w.run_at, w.created_at, NULL, NULL, NULL, NULL,
+               w.tags, w.metadata, w.errors, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               NULL, NULL)::awa.jobs
 $$;
 
 -- The ready row that attempt (slot, id, lease) started from.
@@ -456,14 +465,14 @@ LANGUAGE sql AS $$
         RETURNING slot, id, run_lease
     ), moved AS (
         INSERT INTO awa.jobs
-        SELECT (awa.ring_job(w, r, coalesce(
-                    (SELECT max(h.at) FROM awa.heartbeats h
-                     WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
-                    r.claimed_at))).*
-        FROM closed k
+        SELECT j.* FROM closed k
         JOIN awa.receipts r ON r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
         JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
                         AND w.lease_base = r.run_lease - 1
+        CROSS JOIN LATERAL awa.ring_job(w, r, coalesce(
+            (SELECT max(h.at) FROM awa.heartbeats h
+             WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
+            r.claimed_at)) j
         RETURNING id
     )
     SELECT id FROM moved
@@ -513,11 +522,7 @@ BEGIN
         INSERT INTO awa.ready_cancels (slot, id, lease_base)
         VALUES (w.slot, w.id, w.lease_base) ON CONFLICT DO NOTHING;
         CONTINUE WHEN NOT FOUND;
-        INSERT INTO awa.jobs (id, kind, queue, args, state, priority, attempt, max_attempts,
-                              run_lease, run_at, created_at, tags, metadata, errors)
-        VALUES (w.id, w.kind, w.queue, w.args, 'available', w.priority, w.attempt,
-                w.max_attempts, w.lease_base, w.run_at, w.created_at, w.tags, w.metadata,
-                w.errors);
+        INSERT INTO awa.jobs SELECT j.* FROM awa.ready_job(w) j;
         RETURN NEXT w.id;
     END LOOP;
 END $$;
@@ -546,9 +551,11 @@ END $$;
 -- every row that will ever be in the table (a writer still open holds the
 -- lock off), and the transaction holds one exclusive lock and waits for
 -- nothing else, so it cannot deadlock with claims or completions.
---   receipts:      every receipt has its closure; attempts still open move to
---                  the mutable lane first (jobs running longer than the ring's
---                  span do not pin it).
+--   receipts:      every receipt has its closure (attempts still open move to
+--                  the mutable lane first: jobs running longer than the ring's
+--                  span do not pin it), and the ready rows they were claimed
+--                  from are gone (a ready row without its receipt would read
+--                  as available).
 --   closures, heartbeats: the slot's receipts are gone (both are written only
 --                  for a receipt that exists, so none can arrive after this).
 --   ready:         every row is in a tick every lane of its queue has passed,
@@ -587,6 +594,13 @@ BEGIN
             SELECT 1 FROM awa.receipts r WHERE r.slot = s AND NOT EXISTS (
                 SELECT 1 FROM awa.closures c
                 WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease))
+            -- A receipt outlives the ready row it was claimed from: a ready row
+            -- with no receipt reads as available (awa.jobs_all, counts).
+            AND NOT EXISTS (
+                SELECT 1 FROM awa.receipts r
+                JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
+                                AND w.lease_base = r.run_lease - 1
+                WHERE r.slot = s)
         WHEN 'closures' THEN NOT EXISTS (SELECT 1 FROM awa.receipts WHERE slot = s)
         WHEN 'heartbeats' THEN NOT EXISTS (SELECT 1 FROM awa.receipts WHERE slot = s)
         WHEN 'ready' THEN
@@ -668,3 +682,73 @@ BEGIN
     END LOOP;
     RETURN least(total, p_cap);
 END $$;
+
+-- The ring's tables that hold rows, by family and slot (what reclaim looks at):
+-- one probe per partition, none of them locked.
+CREATE FUNCTION awa.ring_occupied() RETURNS TABLE (family text, slot smallint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    f  text;
+    ok boolean;
+BEGIN
+    FOR s IN 0..15 LOOP
+        FOREACH f IN ARRAY ARRAY['receipts', 'closures', 'heartbeats', 'ready',
+                                 'ready_cancels', 'claim_log'] LOOP
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM awa.%I)', f || '_' || s) INTO ok;
+            IF ok THEN
+                family := f;
+                slot := s;
+                RETURN NEXT;
+            END IF;
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- awa.jobs_all shows the ring's jobs too: available ones (a ready row no claim
+-- took and no one passed over) and running ones (open receipts), as the rows
+-- awa.jobs would hold for them. A finished ring job is in awa.jobs_done, a
+-- moved one in awa.jobs. The columns stay as they were, so grants stay.
+CREATE OR REPLACE VIEW awa.jobs_all AS
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+           tags, metadata, errors, progress, output, unique_key, unique_states,
+           ordering_key, callback_id, callback_timeout_at,
+           concurrency_key, concurrency_limit, concurrency_slot
+    FROM awa.jobs
+    UNION ALL
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+           coalesce(tags, '{}'), coalesce(metadata, '{}'), errors, progress, output,
+           unique_key, unique_states, ordering_key, callback_id, callback_timeout_at,
+           concurrency_key, concurrency_limit, concurrency_slot
+    FROM awa.jobs_done
+    UNION ALL
+    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+           run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+           tags, metadata, errors, progress, output, unique_key, unique_states,
+           ordering_key, callback_id, callback_timeout_at,
+           concurrency_key, concurrency_limit, concurrency_slot
+    FROM awa.dlq
+    UNION ALL
+    -- Columns written out (not awa.ready_job): a filter on id reaches the indexes.
+    SELECT w.id, w.kind, w.queue, w.args, 'available', w.priority, w.attempt, w.max_attempts,
+           w.lease_base, w.run_at, w.created_at, NULL, NULL, NULL, NULL, w.tags, w.metadata,
+           w.errors, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    FROM awa.ready w
+    WHERE NOT EXISTS (SELECT 1 FROM awa.receipts r
+                      WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
+      AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                      WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base)
+    UNION ALL
+    SELECT w.id, w.kind, w.queue, w.args, 'running', w.priority, (w.attempt + 1)::smallint,
+           w.max_attempts,
+           r.run_lease, w.run_at, w.created_at, r.claimed_at,
+           coalesce((SELECT max(h.at) FROM awa.heartbeats h
+                     WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
+                    r.claimed_at),
+           r.deadline_at, NULL, w.tags, w.metadata, w.errors, NULL, NULL, NULL, NULL, NULL,
+           NULL, NULL, NULL, NULL, NULL
+    FROM awa.receipts r
+    JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id AND w.lease_base = r.run_lease - 1
+    WHERE NOT EXISTS (SELECT 1 FROM awa.closures c
+                      WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease);

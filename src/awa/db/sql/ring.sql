@@ -1,0 +1,30 @@
+-- Upkeep of the append-only lane (migration 0020; docs/storage.md): rescue's
+-- part in it, moving the ring on and reclaiming spent slots. The hot path's
+-- statements (claim, completion, heartbeat) are in attempt.sql.
+
+-- name: ring_rescue
+-- Open ring attempts silent for $1 (or past their deadline), at most $2, move
+-- to awa.jobs, where job_rescue_running then finds them stale.
+SELECT awa.ring_rescue($1::interval, $2::int)
+
+-- name: ring_advance
+-- The ring's next slot if it was empty (new rows go there from now on), else NULL.
+SELECT awa.ring_advance() AS slot
+
+-- name: ring_state
+-- The slot being written and the tables (family, slot) that hold rows.
+SELECT (SELECT slot FROM awa.ring) AS current, o.family, o.slot
+FROM awa.ring_occupied() o
+
+-- name: ring_reclaim
+-- Truncate table $1 of slot $2 if every row in it is spent (true), in the
+-- caller's transaction, which holds its lock until it ends.
+SELECT awa.ring_reclaim($1::text, $2::smallint)
+
+-- name: ring_enqueue_set
+-- Whether plain jobs are enqueued into the ring from now on ($1).
+UPDATE awa.ring SET enqueue = $1::boolean
+
+-- name: tx_lock_timeout
+-- This transaction waits at most $1 (text, e.g. '200ms') for any lock.
+SELECT set_config('lock_timeout', $1::text, true)

@@ -1,0 +1,76 @@
+"""Ring upkeep: moves the append-only lane's ring on and reclaims spent slots.
+
+The append-only lane (migration 0020, docs/storage.md) only ever inserts; its
+tables are partitioned into a ring of slots, and this leader-only service
+keeps the ring turning: every pass it moves new writes into the next slot if
+that one is empty, then truncates each table of the older slots whose rows
+are all spent, oldest slot first, each in a transaction of its own with a
+short lock timeout. TRUNCATE frees space without waiting for the xmin horizon,
+so a long transaction elsewhere cannot make this lane's rows pile up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+import asyncpg
+
+from awa.core.states import RING_RECLAIM_LOCK_TIMEOUT
+from awa.db.queries import Queries
+from awa.maintenance.base import PeriodicService
+
+log = logging.getLogger("awa.maintenance")
+#: The order a slot's tables are reclaimed in: each waits for the ones before
+#: (the cancels of ready rows go once the ready rows are, receipts once the
+#: ready rows they were claimed from are, closures and heartbeats once the
+#: slot's receipts are).
+FAMILIES = ("ready", "ready_cancels", "receipts", "closures", "heartbeats", "claim_log")
+
+
+class RingKeeper(PeriodicService):
+    """Moves the ring on and truncates its spent slots (leader only)."""
+
+    name = "ring"
+
+    def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
+                 is_leader: Callable[[], bool]) -> None:
+        super().__init__(pool, q, interval, is_leader)
+        self.truncated = 0
+        self.advanced = 0
+
+    async def run_once(self) -> None:
+        if await self._pool.fetchval(self._q["ring_advance"]) is not None:
+            self.advanced += 1
+        await self.reclaim()
+
+    async def reclaim(self) -> int:
+        """Truncate what is spent in every slot but the current one; how many tables."""
+        rows = await self._pool.fetch(self._q["ring_state"])
+        if not rows:
+            return 0
+        current = rows[0]["current"]
+        slots = 16
+        held = {(r["family"], r["slot"]) for r in rows if r["slot"] != current}
+        # Oldest first: the slots after the current one, in ring order.
+        order = sorted(held, key=lambda fs: ((fs[1] - current) % slots,
+                                             FAMILIES.index(fs[0])))
+        done = 0
+        for family, slot in order:
+            if await self._reclaim_one(family, slot):
+                done += 1
+        self.truncated += done
+        return done
+
+    async def _reclaim_one(self, family: str, slot: int) -> bool:
+        """One table, in its own transaction; False if not spent or not lockable now."""
+        async with self._pool.acquire() as conn:
+            try:
+                async with conn.transaction():
+                    await conn.execute(self._q["tx_lock_timeout"],
+                                       f"{int(RING_RECLAIM_LOCK_TIMEOUT.total_seconds() * 1000)}ms")
+                    return bool(await conn.fetchval(self._q["ring_reclaim"], family, slot))
+            except asyncpg.LockNotAvailableError:
+                log.debug("ring slot %d's %s is busy; left for the next pass", slot, family)
+                return False
