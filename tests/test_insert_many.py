@@ -39,7 +39,7 @@ async def test_one_statement_and_copy_insert_the_same_jobs(client: awa.AsyncClie
     assert small[1].tags == ["x", "y"] and small[0].tags == ["t"]
     assert small[2].state == awa.JobState.Scheduled and small[0].state == awa.JobState.Available
     assert [j.id for j in small] == sorted(j.id for j in small)
-    stored = await conn.fetch("SELECT id, args FROM awa.jobs WHERE id = ANY($1) ORDER BY id",
+    stored = await conn.fetch("SELECT id, args FROM awa.jobs_all WHERE id = ANY($1) ORDER BY id",
                               [j.id for j in small])
     assert [r["args"] for r in stored] == [j.args for j in small]
 

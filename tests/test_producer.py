@@ -208,7 +208,7 @@ async def test_bulk_paths(client: awa.AsyncClient, conn: asyncpg.Connection) -> 
     count = await client.enqueue_many_copy(jobs, queue="bulk2",
                                            run_at=datetime.now(UTC) + timedelta(minutes=5))
     assert count == 500
-    states = await conn.fetch("SELECT queue, state::text, count(*) FROM awa.jobs "
+    states = await conn.fetch("SELECT queue, state::text, count(*) FROM awa.jobs_all "
                               "GROUP BY 1, 2 ORDER BY 1")
     assert [tuple(r) for r in states] == [("bulk", "available", 500),
                                           ("bulk2", "scheduled", 500)]
@@ -221,7 +221,7 @@ async def test_copy_of_jobs_due_now_takes_the_servers_time(client: awa.AsyncClie
     # run_at is left to its default (now(), as a single insert has it): the
     # transaction's time, the same as created_at, on every row.
     assert await client.enqueue_many_copy([SendEmail(str(i)) for i in range(3)]) == 3
-    rows = await conn.fetch("SELECT state::text, run_at = created_at AS same FROM awa.jobs")
+    rows = await conn.fetch("SELECT state::text, run_at = created_at AS same FROM awa.jobs_all")
     assert [tuple(r) for r in rows] == [("available", True)] * 3
 
 

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -159,19 +159,17 @@ async def test_priority_aging(client: awa.AsyncClient, conn: asyncpg.Connection)
         order.append(job.args.n)
 
     fresh = await client.insert(Step(1), queue="aging", priority=1)
-    old = await client.insert(Step(2), queue="aging", priority=4)
     # Waited 10 minutes at a 60 s aging interval: effectively priority 1, and older.
-    await conn.execute("UPDATE awa.jobs SET run_at = now() - interval '10 minutes' WHERE id = $1",
-                       old.id)
+    old = await client.insert(Step(2), queue="aging", priority=4,
+                              run_at=datetime.now(UTC) - timedelta(minutes=10))
     await client.start([{"name": "aging", "max_workers": 1}], **FAST)
     await wait_until(lambda: _done(order, 2))
     assert order == [2, 1]
     await client.shutdown()
     order.clear()
     for n, p in ((3, 1), (4, 4)):
-        job = await client.insert(Step(n), queue="aging", priority=p)
-        await conn.execute("UPDATE awa.jobs SET run_at = now() - interval '10 minutes' "
-                           "WHERE id = $1", job.id)
+        await client.insert(Step(n), queue="aging", priority=p,
+                            run_at=datetime.now(UTC) - timedelta(minutes=10))
     # Aging off: raw priority wins.
     await client.start([{"name": "aging", "max_workers": 1, "priority_aging_interval_ms": 0}],
                        **FAST)
@@ -613,7 +611,7 @@ async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
     blocked = [(await client.insert(Ahead(100 + i, block=True))).id for i in range(10)]
 
     async def running() -> list[asyncpg.Record]:
-        return await conn.fetch("SELECT id, run_lease FROM awa.jobs WHERE state = 'running' "
+        return await conn.fetch("SELECT id, run_lease FROM awa.jobs_all WHERE state = 'running' "
                                 "ORDER BY id")
 
     async def settled() -> list[asyncpg.Record] | None:
@@ -628,7 +626,8 @@ async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
     assert await running() == claimed
     assert sorted(started[20:]) == [100, 101]  # the jobs claimed ahead never started
     await client.shutdown(timeout_ms=200)
-    rows = await conn.fetch("SELECT id, state::text, attempt FROM awa.jobs ORDER BY id")
+    rows = await conn.fetch("SELECT id, state::text, attempt FROM awa.jobs_all "
+                            "WHERE state NOT IN ('completed', 'failed', 'cancelled') ORDER BY id")
     assert [(r["id"], r["state"], r["attempt"]) for r in rows] == (
         [(i, "running", 1) for i in blocked[:2]]  # abandoned handlers: left for rescue
         + [(i, "available", 0) for i in blocked[2:]])
@@ -689,15 +688,17 @@ async def test_a_completion_batch_keeps_each_output_whether_or_not_others_have_o
     q = queries()
     rows = await pool.fetch(q["attempt_claim"], "default", 6, 0.0, 0.0)
     lease = {r["id"]: r["run_lease"] for r in rows}
+    slot = {r["id"]: r["receipt_slot"] for r in rows}  # where a ring attempt's receipt is
     completer = Completer(pool, q, completed_retention=timedelta(days=1),
                           failed_retention=timedelta(days=1))
     completer.start()
     try:
         for job_id in ids[:3]:  # one batch without outputs
-            completer.complete(job_id, lease[job_id])
+            completer.complete(job_id, lease[job_id], slot=slot[job_id])
         await completer.drain()
         for n, job_id in enumerate(ids[3:]):  # one batch mixing them
-            completer.complete(job_id, lease[job_id], json.dumps({"n": n}) if n != 1 else None)
+            completer.complete(job_id, lease[job_id], json.dumps({"n": n}) if n != 1 else None,
+                               slot=slot[job_id])
         await completer.drain()
     finally:
         await completer.stop()

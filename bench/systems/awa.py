@@ -25,6 +25,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != _HERE]
 
 from dataclasses import dataclass  # noqa: E402
+from urllib.parse import urlparse  # noqa: E402
 
 import awa  # noqa: E402
 
@@ -91,6 +92,13 @@ class System:
         try:
             await client.migrate()
             info: dict = {}
+            # BENCH_AWA_RING: the databases (comma list, e.g. bench_awa) whose plain jobs
+            # are enqueued into the append-only lane (migration 0020), for A/B runs.
+            ring_dbs = os.environ.get("BENCH_AWA_RING", "").split(",")
+            if FLAVOR == "awa" and urlparse(url).path.lstrip("/").removesuffix("_tpl") in ring_dbs:
+                pool = await client.pool()
+                await pool.execute("UPDATE awa.ring SET enqueue = true")
+                info["ring"] = True
             if FLAVOR == "awa-pg":
                 # awa-pg 0.6: a fresh database migrates to the "canonical" engine and
                 # flips to queue storage (its default engine, which enqueue_many_copy

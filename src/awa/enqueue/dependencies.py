@@ -147,6 +147,7 @@ def check_parents(parents: Sequence[int], children: Iterable[Parents]) -> Plan[F
     """Lock and mark the active ``parents`` until this transaction ends; read the
     finished ones. Refuses unknown parents, and a ``discard`` child of a parent
     already failed or cancelled (there would be nothing to keep)."""
+    yield "dependency_parents_to_mutable", (list(parents),)
     row = yield "dependency_lock_parents", (list(parents),)
     assert row is not None
     active = set(row["ids"])

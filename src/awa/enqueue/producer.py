@@ -374,10 +374,16 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
     if ring:
         taken = set(ring)
         rest = [i for i in range(len(jobs)) if i not in taken]
-        await _copy(conn, q, "ready", _RING_COLUMNS,
-                    [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts,
-                      j.run_at or now, j.tags, j.metadata_json)
-                     for j in (jobs[i] for i in ring)],
+        plain = [jobs[i] for i in ring]
+        if all(j.run_at is None for j in plain):  # due now: the server's time, as below
+            columns = tuple(c for c in _RING_COLUMNS if c != "run_at")
+            records = [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts, j.tags,
+                        j.metadata_json) for j in plain]
+        else:
+            columns = _RING_COLUMNS
+            records = [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts, j.tags,
+                        j.metadata_json, j.run_at or now) for j in plain]
+        await _copy(conn, q, "ready", columns, records,
                     None if numbered is None else [numbered[i][0] for i in ring])
         woken.update(jobs[i].queue for i in ring)
         jobs = [jobs[i] for i in rest]
@@ -395,8 +401,8 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
 
 
 #: The columns `copy_records` sends to the append-only lane (awa.ready).
-_RING_COLUMNS = ("kind", "queue", "args", "priority", "max_attempts", "run_at", "tags",
-                 "metadata")
+_RING_COLUMNS = ("kind", "queue", "args", "priority", "max_attempts", "tags", "metadata",
+                 "run_at")
 
 
 def _ring_plain(job: PreparedJob, now: datetime) -> bool:

@@ -4,6 +4,11 @@
 -- children there); the rest is left in awa.dependency_releases for the
 -- workers' release service (dependency_release_next), one chunk per transaction.
 
+-- name: dependency_parents_to_mutable
+-- Parents among $1 still in the append-only lane move to awa.jobs first, where
+-- dependency_lock_parents marks them (migration 0020, awa.ring_to_mutable).
+SELECT coalesce(array_agg(id), '{}') AS ids FROM awa.ring_to_mutable($1::bigint[]) id
+
 -- name: dependency_lock_parents
 -- The active parents among $1, locked (in id order, as completion batches
 -- lock) until the inserting transaction ends, and marked as having

@@ -287,6 +287,12 @@ DECLARE
     c_leases bigint[] := '{}';
     c_slots  smallint[] := '{}';
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- One snapshot for the whole call would not see the claim committed
+        -- while the lock was waited for: two claims could take the same rows.
+        RAISE EXCEPTION 'awa.claim must run in READ COMMITTED, not %',
+            current_setting('transaction_isolation') USING ERRCODE = '25000';
+    END IF;
     IF p_max <= 0 OR EXISTS (SELECT 1 FROM awa.queues q WHERE q.queue = p_queue AND q.paused)
     THEN
         RETURN;
@@ -525,6 +531,25 @@ BEGIN
         INSERT INTO awa.jobs SELECT j.* FROM awa.ready_job(w) j;
         RETURN NEXT w.id;
     END LOOP;
+END $$;
+
+-- Move ring jobs p_ids, available or running, into the mutable lane, where
+-- every change but the hot path's is made (a dependent added, an operator's
+-- cancel or reschedule); jobs not in the ring are left alone. Available ones
+-- first (ring_unready takes the claim lock), then the attempts open after
+-- that, read in a fresh snapshot: a claim that committed while the lock was
+-- waited for is seen and moved too. Returns the ids moved.
+CREATE FUNCTION awa.ring_to_mutable(p_ids bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT awa.ring_unready(p_ids);
+    RETURN QUERY
+        SELECT awa.ring_materialize(array_agg(r.slot), array_agg(r.id), array_agg(r.run_lease))
+        FROM awa.receipts r
+        WHERE r.id = ANY(p_ids) AND NOT EXISTS (
+            SELECT 1 FROM awa.closures c
+            WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
+        HAVING count(*) > 0;
 END $$;
 
 -- Move the ring on when the next slot is empty; the new slot, or NULL.
