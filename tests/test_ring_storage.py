@@ -40,7 +40,8 @@ MATERIALIZE = "SELECT array(SELECT awa.ring_materialize(array[$1::smallint], arr
               " array[$3::bigint]))"
 UNREADY = "SELECT array(SELECT awa.ring_unready($1::bigint[]))"
 AVAILABLE = "SELECT awa.ring_available('q', $1)"
-FAMILIES = ("receipts", "closures", "heartbeats", "ready", "ready_cancels", "claim_log")
+# The maintenance service's order (awa.maintenance.ring.FAMILIES).
+FAMILIES = ("ready", "ready_cancels", "receipts", "closures", "heartbeats", "claim_log")
 
 Conn = asyncpg.Pool | asyncpg.Connection
 
@@ -288,19 +289,20 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
     assert await pool.fetchval(UNREADY, [unreadied]) == [unreadied]  # ready_cancels: slot 0
     first = await claim(pool, 1)  # its receipt in slot 0
     await move_ring_to(pool, 2)
-    # The first attempt is still open: it moves to the mutable lane and the receipts
-    # can go; the other jobs are not claimed yet, so the ready rows (and cancels) stay.
-    assert await reclaim_slot(pool, 0) == ["receipts", "closures"]
+    # The first attempt is still open: it moves to the mutable lane. The other jobs
+    # are not claimed yet, so the ready rows (and cancels) stay, and so do the
+    # receipts (a receipt outlives its ready row). The tick moves to slot 2.
+    assert await reclaim_slot(pool, 0) == ["claim_log"]
     assert await pool.fetchval("SELECT state FROM awa.jobs WHERE id = $1", first_id) == "running"
 
     rest = [r for r in await claim(pool, 10) if r["receipt_slot"] is not None]
     assert len(rest) == 2
     # Every job is claimed, but two attempts (receipts in slot 2) still read their
-    # ready rows: only the old tick goes.
-    assert await reclaim_slot(pool, 0) == ["claim_log"]
+    # ready rows: nothing goes.
+    assert await reclaim_slot(pool, 0) == []
     for r in rest:
         await pool.fetchval(CLOSE, *attempt(r))
-    assert await reclaim_slot(pool, 0) == ["ready", "ready_cancels"]
+    assert await reclaim_slot(pool, 0) == ["ready", "ready_cancels", "receipts", "closures"]
     assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
     assert await pool.fetchval(CLOSE, *attempt(first[0])) is None  # a late closure: nothing
 
@@ -342,10 +344,15 @@ async def test_a_long_attempt_moves_to_the_mutable_lane_so_its_slot_can_go(
     (job,) = await claim(pool)  # its receipt in slot 0 too
     await move_ring_to(pool, 2)
     await claim(pool)  # a tick after, in slot 2
+    assert not await reclaim(pool, "ready", 0)  # its attempt is open
+    assert not await reclaim(pool, "receipts", 0)  # the attempt moves; its ready row stays
+    assert await reclaim(pool, "ready", 0)
     assert await reclaim(pool, "receipts", 0)
     assert await reclaim(pool, "closures", 0)
-    assert await reclaim(pool, "ready", 0)
-    assert not await reclaim(pool, "claim_log", 0)  # the newest tick: the next claim starts there
+    # The newest tick (the next claim starts there) moves to slot 2 with the rest.
+    assert await reclaim(pool, "claim_log", 0)
+    assert await pool.fetchval("SELECT slot FROM awa.claim_log ORDER BY n DESC LIMIT 1") == 2
+    assert await pool.fetchval("SELECT count(*) FROM awa.claim_log_0") == 0
     assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
     # The attempt lives on in the mutable lane, with its run lease and payload.
     moved = await pool.fetchrow("SELECT state, run_lease, kind FROM awa.jobs WHERE id = $1",

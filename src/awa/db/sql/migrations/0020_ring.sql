@@ -571,6 +571,24 @@ BEGIN
     RETURN nxt;
 END $$;
 
+-- Copy the ticks of slot s that a cursor still needs into the current slot
+-- (reclaim of claim_log_s, which holds that partition's lock); how many.
+CREATE FUNCTION awa.ring_carry_ticks(s smallint) RETURNS integer
+LANGUAGE sql AS $$
+    WITH needed AS (
+        INSERT INTO awa.claim_log (slot, queue, n, snap, cur_tick, cur_xid, cur_id, at)
+        SELECT awa.ring_slot(), c.queue, c.n, c.snap, c.cur_tick, c.cur_xid, c.cur_id, c.at
+        FROM awa.claim_log c
+        WHERE c.slot = s AND c.n >= (
+            SELECT min(t) - 1 FROM (
+                SELECT l.cur_tick FROM awa.claim_log l
+                WHERE l.queue = c.queue ORDER BY l.n DESC LIMIT 1) z,
+            unnest(z.cur_tick) t)
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM needed
+$$;
+
 -- Reclaim one table of one slot, in a transaction of its own (the caller sets
 -- a short lock_timeout). The lock comes first, so the check after it sees
 -- every row that will ever be in the table (a writer still open holds the
@@ -586,10 +604,12 @@ END $$;
 --   ready:         every row is in a tick every lane of its queue has passed,
 --                  and no open attempt (of any slot) started from it.
 --   ready_cancels: the slot's ready rows are gone.
---   claim_log:     every tick is older than the oldest cursor of its queue needs.
+--   claim_log:     always: the ticks still needed move to the current slot.
 -- True if the table was truncated; false if it was empty or not yet spent.
+-- SECURITY DEFINER, as the partition functions (0010): TRUNCATE is the
+-- owner's right, and the runtime role only calls it (docs/security.md).
 CREATE FUNCTION awa.ring_reclaim(family text, s smallint) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ok boolean;
 BEGIN
@@ -650,15 +670,11 @@ BEGIN
                     SELECT 1 FROM awa.closures c
                     WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))
         ELSE
-            -- claim_log: each queue's rows here are all older than the tick
-            -- before its oldest lane cursor (the newest row always stays).
-            NOT EXISTS (
-                SELECT 1 FROM awa.claim_log c
-                WHERE c.slot = s AND c.n >= (
-                    SELECT min(t) - 1 FROM (
-                        SELECT l.cur_tick FROM awa.claim_log l
-                        WHERE l.queue = c.queue ORDER BY l.n DESC LIMIT 1) z,
-                    unnest(z.cur_tick) t))
+            -- claim_log: the ticks a queue's cursors still need (from the one
+            -- before its oldest lane cursor on, the newest always) move to the
+            -- current slot, so an idle queue does not pin the ring; the rest
+            -- are spent. The table's lock keeps claims from reading it meanwhile.
+            awa.ring_carry_ticks(s) >= 0
     END;
     IF ok THEN
         EXECUTE format('TRUNCATE awa.%I', family || '_' || s);
@@ -729,17 +745,45 @@ BEGIN
     END LOOP;
 END $$;
 
--- awa.jobs_all shows the ring's jobs too: available ones (a ready row no claim
--- took and no one passed over) and running ones (open receipts), as the rows
--- awa.jobs would hold for them. A finished ring job is in awa.jobs_done, a
--- moved one in awa.jobs. The columns stay as they were, so grants stay.
-CREATE OR REPLACE VIEW awa.jobs_all AS
+-- Every active job, whichever lane holds it: awa.jobs's rows, and the ring's
+-- available jobs (a ready row no claim took and no one passed over) and
+-- running ones (open receipts) as the rows awa.jobs would hold for them. A
+-- finished ring job is in awa.jobs_done, a moved one in awa.jobs. Counts,
+-- lists and the UI read this; a claim never does. The columns are written out
+-- (not awa.ready_job), so a filter on id or queue reaches the ring's indexes.
+CREATE VIEW awa.jobs_active AS
     SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
            run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
            tags, metadata, errors, progress, output, unique_key, unique_states,
            ordering_key, callback_id, callback_timeout_at,
            concurrency_key, concurrency_limit, concurrency_slot
     FROM awa.jobs
+    UNION ALL
+    SELECT w.id, w.kind, w.queue, w.args, 'available', w.priority, w.attempt, w.max_attempts,
+           w.lease_base, w.run_at, w.created_at, NULL, NULL, NULL, NULL, w.tags, w.metadata,
+           w.errors, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    FROM awa.ready w
+    WHERE NOT EXISTS (SELECT 1 FROM awa.receipts r
+                      WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
+      AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                      WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base)
+    UNION ALL
+    SELECT w.id, w.kind, w.queue, w.args, 'running', w.priority, (w.attempt + 1)::smallint,
+           w.max_attempts, r.run_lease, w.run_at, w.created_at, r.claimed_at,
+           coalesce((SELECT max(h.at) FROM awa.heartbeats h
+                     WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
+                    r.claimed_at),
+           r.deadline_at, NULL, w.tags, w.metadata, w.errors, NULL, NULL, NULL, NULL, NULL,
+           NULL, NULL, NULL, NULL, NULL
+    FROM awa.receipts r
+    JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id AND w.lease_base = r.run_lease - 1
+    WHERE NOT EXISTS (SELECT 1 FROM awa.closures c
+                      WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease);
+
+-- awa.jobs_all shows the ring's jobs too. Its columns stay as they were, so
+-- its grants stay.
+CREATE OR REPLACE VIEW awa.jobs_all AS
+    SELECT * FROM awa.jobs_active
     UNION ALL
     SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
            run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
@@ -753,27 +797,19 @@ CREATE OR REPLACE VIEW awa.jobs_all AS
            tags, metadata, errors, progress, output, unique_key, unique_states,
            ordering_key, callback_id, callback_timeout_at,
            concurrency_key, concurrency_limit, concurrency_slot
-    FROM awa.dlq
-    UNION ALL
-    -- Columns written out (not awa.ready_job): a filter on id reaches the indexes.
-    SELECT w.id, w.kind, w.queue, w.args, 'available', w.priority, w.attempt, w.max_attempts,
-           w.lease_base, w.run_at, w.created_at, NULL, NULL, NULL, NULL, w.tags, w.metadata,
-           w.errors, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-    FROM awa.ready w
-    WHERE NOT EXISTS (SELECT 1 FROM awa.receipts r
-                      WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
-      AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
-                      WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base)
-    UNION ALL
-    SELECT w.id, w.kind, w.queue, w.args, 'running', w.priority, (w.attempt + 1)::smallint,
-           w.max_attempts,
-           r.run_lease, w.run_at, w.created_at, r.claimed_at,
-           coalesce((SELECT max(h.at) FROM awa.heartbeats h
-                     WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
-                    r.claimed_at),
-           r.deadline_at, NULL, w.tags, w.metadata, w.errors, NULL, NULL, NULL, NULL, NULL,
-           NULL, NULL, NULL, NULL, NULL
-    FROM awa.receipts r
-    JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id AND w.lease_base = r.run_lease - 1
-    WHERE NOT EXISTS (SELECT 1 FROM awa.closures c
-                      WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease);
+    FROM awa.dlq;
+
+-- The available ring jobs of queue p_queue move to the mutable lane (an
+-- operator's drain of the queue acts on them there); their ids.
+CREATE FUNCTION awa.ring_queue_to_mutable(p_queue text) RETURNS SETOF bigint
+LANGUAGE sql AS $$
+    SELECT awa.ring_unready(ARRAY(
+        SELECT w.id FROM awa.ready w
+        WHERE w.queue = p_queue
+          AND NOT EXISTS (SELECT 1 FROM awa.receipts r
+                          WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)))
+$$;
+
+-- As 0010 does for the partition functions: only roles granted it (the
+-- runtime role, `awa grants`) may truncate ring slots through the owner.
+REVOKE EXECUTE ON FUNCTION awa.ring_reclaim(text, smallint) FROM PUBLIC;
