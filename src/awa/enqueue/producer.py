@@ -375,26 +375,18 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
         taken = set(ring)
         rest = [i for i in range(len(jobs)) if i not in taken]
         plain = [jobs[i] for i in ring]
-        if all(j.run_at is None for j in plain):  # due now: the server's time, as below
-            columns = tuple(c for c in _RING_COLUMNS if c != "run_at")
-            records = [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts, j.tags,
-                        j.metadata_json) for j in plain]
-        else:
-            columns = _RING_COLUMNS
-            records = [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts, j.tags,
-                        j.metadata_json, j.run_at or now) for j in plain]
-        await _copy(conn, q, "ready", columns, records,
+        await _copy(conn, q, "ready", *_ring_records(plain, now),
                     None if numbered is None else [numbered[i][0] for i in ring])
         woken.update(jobs[i].queue for i in ring)
         jobs = [jobs[i] for i in rest]
         ids = None if numbered is None else [numbered[i][0] for i in rest]
     if jobs:
-        columns, records = _copy_records(jobs)
+        columns, rows = _copy_records(jobs)
         # The row-level wake-up trigger (0014) would call pg_notify once per row:
         # defer it, and wake each queue once, in the same transaction.
         available = JobState.Available.value
-        woken.update(r[1] for r in records if r[3] == available)
-        await _copy(conn, q, "jobs", columns, records, ids)
+        woken.update(r[1] for r in rows if r[3] == available)
+        await _copy(conn, q, "jobs", columns, rows, ids)
     if woken:
         await conn.execute(q["queue_notify"], sorted(woken))
     return len(ring) + len(jobs)
@@ -403,6 +395,17 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
 #: The columns `copy_records` sends to the append-only lane (awa.ready).
 _RING_COLUMNS = ("kind", "queue", "args", "priority", "max_attempts", "tags", "metadata",
                  "run_at")
+
+
+def _ring_records(jobs: Sequence[PreparedJob],
+                  now: datetime) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The columns and records of `copy_records`'s COPY into the append-only lane;
+    jobs all due now leave run_at to the server's time, as `_copy_records` does."""
+    if all(j.run_at is None for j in jobs):
+        return (_RING_COLUMNS[:-1], [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts,
+                                      j.tags, j.metadata_json) for j in jobs])
+    return (_RING_COLUMNS, [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts, j.tags,
+                             j.metadata_json, j.run_at or now) for j in jobs])
 
 
 def _ring_plain(job: PreparedJob, now: datetime) -> bool:
