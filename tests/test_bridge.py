@@ -10,7 +10,6 @@ connections are per thread and refuse to run inside an event loop).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from tests.test_telemetry import Otel, otel  # noqa: F401  (the fixture)
 
 import awa
 from awa.core import states
+from awa.core.model import PUBLIC_FIELDS
 from awa.enqueue.bridge import insert_job, insert_job_sync, to_paramstyle
 
 
@@ -257,8 +257,8 @@ async def app_rows(conn: asyncpg.Connection) -> list[str]:
 
 
 def as_dict(job: awa.Job) -> dict[str, Any]:
-    out = {f.name.removesuffix("_datetime"): getattr(job, f.name)
-           for f in dataclasses.fields(job)}
+    # Every field a user sees (not the worker's own `receipt_slot`).
+    out = {name.removesuffix("_datetime"): getattr(job, name) for name in PUBLIC_FIELDS}
     return {**out, "state": str(job.state), "traceparent": job.traceparent}
 
 

@@ -421,10 +421,10 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
         call_command("migrate", verbosity=0)  # nothing left to do
         with psycopg.connect(empty_database_url) as conn:
             row = conn.execute("SELECT max(version) FROM awa.schema_migrations").fetchone()
-            applied = conn.execute("SELECT name FROM django_migrations WHERE app = 'awa'"
-                                   ).fetchall()
+            applied = conn.execute("SELECT name FROM django_migrations WHERE app = 'awa' "
+                                   "ORDER BY id").fetchall()
         assert row is not None and row[0] == current_migration_version()
-        assert applied == [("0001_awa_schema",)]
+        assert applied == [("0001_awa_schema",), ("0002_awa_ring",)]
 
 
 def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:

@@ -7,16 +7,18 @@
 -- when that lane takes inserts (awa.ring.enqueue) and the job is due now with
 -- no unique, ordering or concurrency key (those coordinate in awa.jobs).
 v AS (
-    SELECT $1::text AS kind, $2::text AS queue, $3::text::jsonb AS args,
-           CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state
-               AS state,
-           coalesce($4::timestamptz, now()) AS run_at, $5::smallint AS priority,
-           $6::smallint AS max_attempts, $7::text[] AS tags, $8::text::jsonb AS metadata,
-           $9::bytea AS unique_key, $10::smallint AS unique_states, $11::text AS ordering_key,
-           $12::text AS concurrency_key, $13::integer AS concurrency_limit,
-           (SELECT enqueue FROM awa.ring) AND NOT coalesce($4::timestamptz > now(), false)
-               AND $9 IS NULL
-               AND $11 IS NULL AND $12 IS NULL AS ring
+    -- Each parameter appears once (psycopg sends a repeated one again, untyped).
+    SELECT x.*, (SELECT enqueue FROM awa.ring) AND x.state = 'available'
+                AND x.unique_key IS NULL AND x.ordering_key IS NULL
+                AND x.concurrency_key IS NULL AS ring
+    FROM (SELECT $1::text AS kind, $2::text AS queue, $3::text::jsonb AS args,
+                 CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available'
+                 END::awa.job_state AS state,
+                 coalesce($4::timestamptz, now()) AS run_at, $5::smallint AS priority,
+                 $6::smallint AS max_attempts, $7::text[] AS tags, $8::text::jsonb AS metadata,
+                 $9::bytea AS unique_key, $10::smallint AS unique_states,
+                 $11::text AS ordering_key, $12::text AS concurrency_key,
+                 $13::integer AS concurrency_limit) x
 ), to_ring AS (
     INSERT INTO awa.ready (kind, queue, args, priority, max_attempts, run_at, tags, metadata)
     SELECT kind, queue, args, priority, max_attempts, run_at, tags, metadata FROM v WHERE ring
