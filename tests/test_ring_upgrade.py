@@ -46,13 +46,15 @@ async def _job(conn: asyncpg.Connection, kind: str, state: str = "available",
     params = ", ".join(f"${i}" for i in range(1, len(values) + 1))
     # sql-safe: the column names are this test's own literals
     job_id: int = await conn.fetchval(
-        f"INSERT INTO awa.jobs ({names}) VALUES ({params}) RETURNING id", *values.values())
+        f"INSERT INTO awa.jobs ({names}) VALUES ({params}) RETURNING id",  # noqa: S608
+        *values.values())
     return job_id
 
 
 async def _snapshot(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]]:
     # sql-safe: TABLES are this test's own literals
-    return {t: await conn.fetch(f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
+    return {t: await conn.fetch(f"SELECT * FROM {t} ORDER BY 1, 2")  # noqa: S608
+            for t in TABLES}
 
 
 async def test_every_live_job_survives_the_upgrade_and_runs(empty_database_url: str) -> None:
