@@ -21,8 +21,10 @@ import pytest
 
 from awa.db import migrations
 
-# n ring jobs of queue q at priority $2 (run_at $3, default now), ids in insert order.
-RING = """INSERT INTO awa.ready (slot, id, queue, priority, kind, args, max_attempts, run_at)
+# n ring jobs of queue q at priority $2 (run_at $3, default now), ids in insert order;
+# their lane made known to claims, as the package's inserts do.
+RING = """WITH lane AS (INSERT INTO awa.ring_lanes VALUES ('q', $2) ON CONFLICT DO NOTHING)
+          INSERT INTO awa.ready (slot, id, queue, priority, kind, args, max_attempts, run_at)
           SELECT awa.ring_slot(), nextval(pg_get_serial_sequence('awa.jobs', 'id')), 'q', $2,
                  'k', '{}'::jsonb, 5, coalesce($3::text::timestamptz, now())
           FROM generate_series(1, $1) RETURNING id"""

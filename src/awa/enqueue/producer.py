@@ -375,6 +375,9 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
         taken = set(ring)
         rest = [i for i in range(len(jobs)) if i not in taken]
         plain = [jobs[i] for i in ring]
+        lanes = sorted({(j.queue, j.priority) for j in plain})
+        await conn.execute(q["ring_lanes_known"], [lane[0] for lane in lanes],
+                           [lane[1] for lane in lanes])
         await _copy(conn, q, "ready", *_ring_records(plain, now),
                     None if numbered is None else [numbered[i][0] for i in ring])
         woken.update(jobs[i].queue for i in ring)

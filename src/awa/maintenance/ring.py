@@ -50,8 +50,7 @@ class RingKeeper(PeriodicService):
         rows = await self._pool.fetch(self._q["ring_state"])
         if not rows:
             return 0
-        current = rows[0]["current"]
-        slots = 16
+        current, slots = rows[0]["current"], rows[0]["slots"]
         held = {(r["family"], r["slot"]) for r in rows if r["slot"] != current}
         # Oldest first: the slots after the current one, in ring order.
         order = sorted(held, key=lambda fs: ((fs[1] - current) % slots,

@@ -132,9 +132,13 @@ WITH c AS MATERIALIZED (
 ), ring_done AS (
     INSERT INTO awa.jobs_done
     SELECT f.* FROM closed k
-        JOIN awa.receipts r ON r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
-        JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
-                        AND w.lease_base = r.run_lease - 1,
+        -- Each by its slot and id (one partition, one index probe).
+        CROSS JOIN LATERAL (SELECT * FROM awa.receipts r
+                            WHERE r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
+                            LIMIT 1) r
+        CROSS JOIN LATERAL (SELECT * FROM awa.ready w
+                            WHERE w.slot = r.ready_slot AND w.id = r.id
+                              AND w.lease_base = r.run_lease - 1 LIMIT 1) w,
         LATERAL awa.finished(awa.ring_job(w, r, NULL), 'completed', $4::interval, NULL, NULL,
                              true, (SELECT o FROM outputs) -> k.id::text) f
     RETURNING id, queue

@@ -23,7 +23,7 @@ v AS (
     INSERT INTO awa.ready (kind, queue, args, priority, max_attempts, run_at, tags, metadata)
     SELECT kind, queue, args, priority, max_attempts, run_at, tags, metadata FROM v WHERE ring
     RETURNING *
-), to_jobs AS (
+), {{ring_lane_known}}, to_jobs AS (
     INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
                           metadata, unique_key, unique_states, ordering_key, concurrency_key,
                           concurrency_limit)
@@ -116,7 +116,7 @@ routed AS MATERIALIZED (
     SELECT id, kind, queue, args, priority, max_attempts, coalesce(run_at, now()), tags, metadata
     FROM routed WHERE ring ORDER BY id
     RETURNING *
-), to_jobs AS (
+), {{ring_lane_known}}, to_jobs AS (
     INSERT INTO awa.jobs (id, kind, queue, args, state, run_at, priority, max_attempts, tags,
                           metadata, unique_key, unique_states, ordering_key, concurrency_key,
                           concurrency_limit)
@@ -299,6 +299,20 @@ SELECT set_config('awa.defer_notify', 'on', true)
 -- call's order, whichever statement inserts it.
 SELECT array_agg(nextval(pg_get_serial_sequence('awa.jobs', 'id')) ORDER BY g) AS ids
 FROM generate_series(1, $1) g
+
+-- fragment: ring_lane_known
+-- The lanes of the jobs to_ring inserted, made known to claims (awa.ring_lanes).
+lanes AS (
+    INSERT INTO awa.ring_lanes (queue, priority)
+    SELECT DISTINCT queue, priority FROM to_ring
+    ON CONFLICT DO NOTHING
+)
+
+-- name: ring_lanes_known
+-- The lanes ($1 queues, $2 priorities) a COPY into the ring fills, made known.
+INSERT INTO awa.ring_lanes (queue, priority)
+SELECT DISTINCT q, p FROM unnest($1::text[], $2::smallint[]) AS u(q, p)
+ON CONFLICT DO NOTHING
 
 -- name: ring_takes_inserts
 -- Whether plain jobs are enqueued into the append-only lane (migration 0020).

@@ -13,8 +13,8 @@ SELECT awa.ring_advance() AS slot
 
 -- name: ring_state
 -- The slot being written and the tables (family, slot) that hold rows.
-SELECT (SELECT slot FROM awa.ring) AS current, o.family, o.slot
-FROM awa.ring_occupied() o
+SELECT g.slot AS current, g.slots, o.family, o.slot
+FROM awa.ring g, awa.ring_occupied() o
 
 -- name: ring_reclaim
 -- Truncate table $1 of slot $2 if every row in it is spent (true), in the

@@ -4,7 +4,7 @@
 -- concurrency key or parents) can live its whole life as INSERTs: a `ready`
 -- row when enqueued, a `receipts` row when claimed, `heartbeats` rows while
 -- it runs and a `closures` row when it ends. None of them is ever updated or
--- deleted; each table is partitioned into a ring of 16 slots, and maintenance
+-- deleted; each table is partitioned into a ring of 4 slots, and maintenance
 -- reclaims an old slot with TRUNCATE once every row in it is spent. TRUNCATE
 -- frees the files at once, so a transaction holding the xmin horizon (an idle
 -- session, a long report) no longer makes the queue's hot rows pile up.
@@ -32,7 +32,11 @@ CREATE TABLE awa.ring (
     rotated_at timestamptz NOT NULL DEFAULT now(),
     enqueue    boolean NOT NULL DEFAULT false
 );
-INSERT INTO awa.ring (slot, slots) VALUES (0, 16);
+-- Four slots: every statement that cannot name its slot reads each partition
+-- (an index probe apiece, a large share of a claim's time at 16), and a slot
+-- only has to outlive the work in it: at a turn every 30 s the ring holds two
+-- minutes of jobs, and a job running longer moves to the mutable lane.
+INSERT INTO awa.ring (slot, slots) VALUES (0, 4);
 
 -- The slot new rows go to.
 CREATE FUNCTION awa.ring_slot() RETURNS smallint
@@ -66,6 +70,16 @@ CREATE TABLE awa.ready (
 ) PARTITION BY LIST (slot);
 CREATE INDEX ready_lane_idx ON awa.ready (queue, priority, xid, id);
 CREATE INDEX ready_id_idx ON awa.ready (id);
+
+-- The ring lanes (queue, priority) that ever took a job: a claim walks only
+-- these (most queues use one priority, and each lane walked is a query).
+-- Producers add their lane as they insert (ON CONFLICT DO NOTHING: once a
+-- lane is known, that writes nothing); nothing deletes a row.
+CREATE TABLE awa.ring_lanes (
+    queue    text NOT NULL,
+    priority smallint NOT NULL,
+    PRIMARY KEY (queue, priority)
+);
 
 -- An available ring job taken out of the ring before any claim (cancelled, or
 -- moved to the mutable lane by an operator): claims pass over it.
@@ -127,7 +141,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOR s IN 0..15 LOOP
+    FOR s IN 0..3 LOOP
         FOREACH t IN ARRAY ARRAY['ready', 'ready_cancels', 'claim_log', 'receipts',
                                  'closures', 'heartbeats'] LOOP
             EXECUTE format('CREATE TABLE awa.%I PARTITION OF awa.%I FOR VALUES IN (%s)',
@@ -180,47 +194,39 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The rows of lane (queue, priority) that became visible between snapshots
--- lo and hi, after position (x, i), in (xid, id) order. Rows of transactions
--- running at lo and ended by hi come first, one exact index probe each; then
--- the rows of transactions that started after lo, from one index range. A
--- transaction running at both (one holding the horizon) costs nothing, and
--- neither read touches a spent row.
+-- lo and hi, after position (x, i), in (xid, id) order, at most lim. Rows of
+-- transactions running at lo and ended by hi come first, found by their ids
+-- (one index probe each); then the rows of transactions that started after
+-- lo, from one index range. A transaction running at both (one holding the
+-- horizon) costs nothing, and neither read touches a spent row. One SELECT in
+-- SQL, so the planner inlines it into the statement that calls it.
 CREATE FUNCTION awa.ring_window(p_queue text, p_priority smallint, lo pg_snapshot,
                                 hi pg_snapshot, x xid8, i bigint, lim int)
 RETURNS SETOF awa.ready
-LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS $$
-DECLARE
-    e xid8;
-    n int := 0;
-    r awa.ready;
-BEGIN
-    FOR e IN SELECT v FROM pg_snapshot_xip(lo) v
-             WHERE v >= x AND pg_visible_in_snapshot(v, hi) ORDER BY v LOOP
-        FOR r IN SELECT * FROM awa.ready w
-                 WHERE w.queue = p_queue AND w.priority = p_priority AND w.xid = e
-                   AND w.id > CASE WHEN e = x THEN i ELSE 0 END
-                 ORDER BY w.id LIMIT lim - n LOOP
-            n := n + 1;
-            RETURN NEXT r;
-        END LOOP;
-        IF n >= lim THEN
-            RETURN;
-        END IF;
-    END LOOP;
-    RETURN QUERY
-        SELECT * FROM awa.ready w
-        WHERE w.queue = p_queue AND w.priority = p_priority
-          -- The start key: just after (x, i), or the first row of a transaction
-          -- that started after lo, whichever is later.
-          AND (w.xid, w.id) > (greatest(pg_snapshot_xmax(lo), x),
-                               CASE WHEN x >= pg_snapshot_xmax(lo) THEN i ELSE 0 END)
-          AND w.xid < pg_snapshot_xmax(hi)
-          AND pg_visible_in_snapshot(w.xid, hi)
-        ORDER BY w.xid, w.id LIMIT lim - n;
-END $$;
-
--- One step of a lane's walk: a row seen (cancelled: passed over) and the tick it is in.
-CREATE TYPE awa.ring_step AS (lane smallint, tick bigint, cancelled boolean, r awa.ready);
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM (
+        (SELECT w.* FROM unnest(ARRAY(SELECT v FROM pg_snapshot_xip(lo) v
+                                      WHERE v >= x AND pg_visible_in_snapshot(v, hi))) e(v)
+         -- One exact probe per transaction (xid = e.v), whatever the statistics say.
+         CROSS JOIN LATERAL (
+             SELECT * FROM awa.ready w
+             WHERE w.queue = p_queue AND w.priority = p_priority AND w.xid = e.v
+               AND (e.v <> x OR w.id > i)
+             ORDER BY w.id LIMIT lim) w
+         ORDER BY e.v, w.id LIMIT lim)
+        UNION ALL
+        (SELECT * FROM awa.ready w
+         WHERE w.queue = p_queue AND w.priority = p_priority
+           -- The start key: just after (x, i), or the first row of a transaction
+           -- that started after lo, whichever is later.
+           AND (w.xid, w.id) > (greatest(pg_snapshot_xmax(lo), x),
+                                CASE WHEN x >= pg_snapshot_xmax(lo) THEN i ELSE 0 END)
+           AND w.xid < pg_snapshot_xmax(hi)
+           AND pg_visible_in_snapshot(w.xid, hi)
+         ORDER BY w.xid, w.id LIMIT lim)
+    ) t
+    LIMIT lim  -- the first part's ids are all below xmax(lo), the second's from it on
+$$;
 
 -- A job's priority after aging: one level more urgent per `aging` seconds waited.
 CREATE FUNCTION awa.aged(priority smallint, run_at timestamptz, aging float8)
@@ -256,36 +262,55 @@ DECLARE
     last     awa.claim_log;
     s_now    pg_snapshot;
     n_new    bigint;
+    -- Each lane's cursor (tick, xid, id), and where its walk ended.
     ticks    bigint[];
     xs       xid8[];
     ids      bigint[];
     end_t    bigint[] := '{0,0,0,0}';
     end_x    xid8[] := '{0,0,0,0}';
     end_i    bigint[] := '{0,0,0,0}';
+    -- The rows the walks saw, lane after lane (first[p] .. last_at[p] are lane p's).
+    w_tick   bigint[] := '{}';
+    w_slot   smallint[] := '{}';
+    w_id     bigint[] := '{}';
+    w_lease  bigint[] := '{}';
+    w_xid    xid8[] := '{}';
+    w_skip   boolean[] := '{}';
+    w_run_at timestamptz[] := '{}';
+    first    int[] := '{1,1,1,1}';
+    last_at  int[] := '{0,0,0,0}';
     settled  boolean[] := '{false,false,false,false}';
-    whole    boolean;
-    steps    awa.ring_step[] := '{}';
-    st       awa.ring_step;
+    -- The ring rows taken.
+    t_slot   smallint[] := '{}';
+    t_id     bigint[] := '{}';
+    t_lease  bigint[] := '{}';
     p        smallint;
     t        bigint;
     x        xid8;
     i        bigint;
+    e        int;
+    k        int;
     lo       pg_snapshot;
     hi       pg_snapshot;
-    r        awa.ready;
     seen     int;
     asked    int;
     got      int;
+    skipped  int;
     want     int := p_max;
     passed   int := 0;
     cancels  boolean;
     lanes    record;
     rslot    smallint;
+    known    smallint[];
+    a_tick   bigint[];
+    a_slot   smallint[];
+    a_id     bigint[];
+    a_lease  bigint[];
+    a_xid    xid8[];
+    a_skip   boolean[];
+    a_run_at timestamptz[];
     deadline timestamptz := CASE WHEN p_deadline > 0
                                  THEN now() + make_interval(secs => p_deadline) END;
-    c_ids    bigint[] := '{}';
-    c_leases bigint[] := '{}';
-    c_slots  smallint[] := '{}';
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- One snapshot for the whole call would not see the claim committed
@@ -314,12 +339,19 @@ BEGIN
         n_new := last.n + 1;
         ticks := last.cur_tick; xs := last.cur_xid; ids := last.cur_id;
     END IF;
-    -- Walk each ring lane from its cursor, collecting up to p_max rows (nothing
-    -- is taken yet). A lane's cursor ends where its walk ends.
+    -- Walk each ring lane from its cursor, collecting up to p_max rows it could
+    -- take (rows passed over do not count). Nothing is taken yet.
+    -- Read after s_now: a lane whose producer committed before s_now is listed.
+    -- A lane not listed has no row up to s_now, so its cursor moves past s_now.
+    known := ARRAY(SELECT l.priority FROM awa.ring_lanes l WHERE l.queue = p_queue);
     FOR ln IN 1..4 LOOP
         p := ln;
         t := ticks[p]; x := xs[p]; i := ids[p];
         got := 0;
+        first[p] := cardinality(w_id) + 1;
+        IF NOT (p = ANY(known)) THEN
+            t := n_new + 1; x := '0'; i := 0;
+        END IF;
         WHILE t <= n_new AND got < p_max LOOP
             IF t = 1 THEN
                 lo := '1:1:';
@@ -333,31 +365,46 @@ BEGIN
             ELSE
                 SELECT c.snap INTO hi FROM awa.claim_log c WHERE c.queue = p_queue AND c.n = t;
             END IF;
-            seen := 0;
             asked := p_max - got;
-            FOR r IN SELECT * FROM awa.ring_window(p_queue, p, lo, hi, x, i, asked) LOOP
-                seen := seen + 1;
-                x := r.xid; i := r.id;
-                st := ROW(p, t, cancels AND EXISTS (
-                    SELECT 1 FROM awa.ready_cancels k
-                    WHERE k.slot = r.slot AND k.id = r.id AND k.lease_base = r.lease_base), r);
-                steps := steps || st;
-                IF NOT st.cancelled THEN
-                    got := got + 1;
-                END IF;
-            END LOOP;
+            SELECT count(*)::int,
+                   coalesce(array_agg(w.slot ORDER BY w.xid, w.id), '{}'),
+                   coalesce(array_agg(w.id ORDER BY w.xid, w.id), '{}'),
+                   coalesce(array_agg(w.lease_base ORDER BY w.xid, w.id), '{}'),
+                   coalesce(array_agg(w.xid ORDER BY w.xid, w.id), '{}'),
+                   coalesce(array_agg(cancels AND EXISTS (
+                       SELECT 1 FROM awa.ready_cancels k
+                       WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base)
+                       ORDER BY w.xid, w.id), '{}'),
+                   coalesce(array_agg(w.run_at::timestamptz ORDER BY w.xid, w.id), '{}')
+            INTO seen, a_slot, a_id, a_lease, a_xid, a_skip, a_run_at
+            FROM awa.ring_window(p_queue, p, lo, hi, x, i, asked) w;
+            IF seen > 0 THEN
+                w_tick := w_tick || array_fill(t, ARRAY[seen]);
+                w_slot := w_slot || a_slot; w_id := w_id || a_id;
+                w_lease := w_lease || a_lease; w_xid := w_xid || a_xid;
+                w_skip := w_skip || a_skip; w_run_at := w_run_at || a_run_at;
+                x := a_xid[seen]; i := a_id[seen];
+                got := got + seen - (CASE WHEN cancels
+                                         THEN cardinality(array_positions(a_skip, true))
+                                         ELSE 0 END);
+            END IF;
             IF seen < asked THEN  -- tick t is spent: the lane moves on to the next
                 t := t + 1; x := '0'; i := 0;
             END IF;
         END LOOP;
+        last_at[p] := cardinality(w_id);
         -- Where the cursor stands once the whole walk is taken.
         end_t[p] := t; end_x[p] := x; end_i[p] := i;
     END LOOP;
-    -- Take from the lanes, the most urgent first.
+    -- Take from the lanes, the most urgent first: a lane's urgency is its oldest
+    -- job's priority after aging.
     FOR lanes IN
         SELECT l.ring, l.p FROM (
-            SELECT true AS ring, (s).lane AS p, min(((s).r).run_at) AS head
-            FROM unnest(steps) s WHERE NOT (s).cancelled GROUP BY (s).lane
+            SELECT true AS ring, g.p::smallint AS p,
+                   (SELECT min(u.r) FROM unnest(w_run_at[first[g.p]:last_at[g.p]],
+                                                w_skip[first[g.p]:last_at[g.p]]) u(r, s)
+                    WHERE NOT u.s) AS head
+            FROM generate_series(1, 4) g(p) WHERE last_at[g.p] >= first[g.p]
             UNION ALL
             SELECT false, m.priority, m.run_at FROM generate_series(1, 4) g(p),
                 LATERAL (SELECT j.priority, j.run_at FROM awa.jobs j
@@ -365,50 +412,45 @@ BEGIN
                            AND j.priority = g.p AND j.concurrency_key IS NULL
                          ORDER BY j.run_at, j.id LIMIT 1) m
         ) l
-        ORDER BY awa.aged(l.p::smallint, l.head, p_aging), l.head, l.ring DESC
+        WHERE l.head IS NOT NULL
+        ORDER BY awa.aged(l.p, l.head, p_aging), l.head, l.ring DESC
     LOOP
         EXIT WHEN want = 0;
+        p := lanes.p;
         IF lanes.ring THEN
-            got := 0;
-            whole := true;
-            FOR st IN SELECT s.* FROM unnest(steps) s WHERE s.lane = lanes.p LOOP
-                IF got = want AND NOT st.cancelled THEN
-                    whole := false;  -- taken in part: the cursor stops after the last taken
-                    EXIT;
-                END IF;
-                ticks[lanes.p] := st.tick; xs[lanes.p] := (st.r).xid;
-                ids[lanes.p] := (st.r).id;
-                IF st.cancelled THEN
-                    passed := passed + 1;
-                    CONTINUE;
-                END IF;
-                got := got + 1;
-                r := st.r;
-                id := r.id; kind := r.kind; queue := r.queue; args := r.args;
-                priority := r.priority; attempt := r.attempt + 1;
-                max_attempts := r.max_attempts; run_lease := r.lease_base + 1;
-                run_at := date_part('epoch', r.run_at);
-                created_at := date_part('epoch', r.created_at);
-                attempted_at := date_part('epoch', now());
-                deadline_at := date_part('epoch', deadline);
-                tags := nullif(r.tags, '{}'); metadata := nullif(r.metadata, '{}');
-                errors := r.errors; progress := NULL; unique_key := NULL;
-                ordering_key := NULL; receipt_slot := rslot;
-                c_ids := c_ids || r.id; c_leases := c_leases || (r.lease_base + 1);
-                c_slots := c_slots || r.slot;
-                RETURN NEXT;
-            END LOOP;
-            IF whole THEN
-                ticks[lanes.p] := end_t[lanes.p]; xs[lanes.p] := end_x[lanes.p];
-                ids[lanes.p] := end_i[lanes.p];
+            -- Take the lane's first k rows it may take; e: the last row consumed.
+            skipped := CASE WHEN cancels
+                            THEN cardinality(array_positions(w_skip[first[p]:last_at[p]], true))
+                            ELSE 0 END;
+            k := least(want, last_at[p] - first[p] + 1 - skipped);
+            IF k = last_at[p] - first[p] + 1 - skipped THEN
+                e := last_at[p];  -- the whole walk: the cursor goes where the walk ended
+                ticks[p] := end_t[p]; xs[p] := end_x[p]; ids[p] := end_i[p];
+            ELSE
+                e := CASE WHEN skipped = 0 THEN first[p] + k - 1 ELSE
+                     (SELECT u.o FROM unnest(w_skip) WITH ORDINALITY u(s, o)
+                      WHERE u.o >= first[p] AND NOT u.s ORDER BY u.o OFFSET k - 1 LIMIT 1) END;
+                ticks[p] := w_tick[e]; xs[p] := w_xid[e]; ids[p] := w_id[e];
             END IF;
-            settled[lanes.p] := true;
-            want := want - got;
+            IF skipped = 0 THEN
+                t_slot := t_slot || w_slot[first[p]:e]; t_id := t_id || w_id[first[p]:e];
+                t_lease := t_lease || w_lease[first[p]:e];
+            ELSE
+                SELECT t_slot || array_agg(u.s ORDER BY u.o), t_id || array_agg(u.i ORDER BY u.o),
+                       t_lease || array_agg(u.l ORDER BY u.o),
+                       passed + (e - first[p] + 1) - count(*)
+                INTO t_slot, t_id, t_lease, passed
+                FROM unnest(w_slot[first[p]:e], w_id[first[p]:e], w_lease[first[p]:e],
+                            w_skip[first[p]:e]) WITH ORDINALITY u(s, i, l, c, o)
+                WHERE NOT u.c;
+            END IF;
+            settled[p] := true;
+            want := want - k;
         ELSE
             RETURN QUERY
             WITH picked AS (
                 SELECT a.id FROM awa.jobs a
-                WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = lanes.p
+                WHERE a.state = 'available' AND a.queue = p_queue AND a.priority = p
                   AND a.concurrency_key IS NULL
                   -- A job with an ordering key waits for every earlier unfinished one.
                   AND (a.ordering_key IS NULL OR NOT EXISTS (
@@ -420,7 +462,9 @@ BEGIN
             UPDATE awa.jobs j
             SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
                 attempted_at = now(), heartbeat_at = now(), deadline_at = deadline
-            FROM picked WHERE j.id = picked.id
+            -- By primary key (= ANY), never a join: a generic plan hash-joined the
+            -- picked rows to a scan of the whole table.
+            WHERE j.id = ANY(ARRAY(SELECT picked.id FROM picked))
             RETURNING j.id, j.kind::text, j.queue::text, j.args::jsonb, j.priority::smallint,
                 j.attempt, j.max_attempts::smallint,
                 j.run_lease, date_part('epoch', j.run_at), date_part('epoch', j.created_at),
@@ -431,24 +475,40 @@ BEGIN
             want := want - got;
         END IF;
     END LOOP;
-    -- A lane whose walk found only rows passed over (or none) moves to the walk's
+    -- A lane whose walk saw only rows passed over (or none) moves to the walk's
     -- end; one with rows left untaken keeps its cursor.
     FOR ln IN 1..4 LOOP
-        IF NOT settled[ln] AND NOT EXISTS (
-                SELECT 1 FROM unnest(steps) s WHERE s.lane = ln AND NOT s.cancelled) THEN
-            passed := passed + (SELECT count(*) FROM unnest(steps) s WHERE s.lane = ln);
+        IF NOT settled[ln] AND NOT (false = ANY(w_skip[first[ln]:last_at[ln]])) THEN
+            passed := passed + (last_at[ln] - first[ln] + 1);
             ticks[ln] := end_t[ln]; xs[ln] := end_x[ln]; ids[ln] := end_i[ln];
         END IF;
     END LOOP;
-    IF cardinality(c_ids) = 0 AND passed = 0 AND cardinality(steps) = 0
+    IF cardinality(t_id) = 0 AND passed = 0 AND cardinality(w_id) = 0
        AND last.n IS NOT NULL AND last.cur_tick = array_fill(last.n + 1, ARRAY[4]) THEN
         RETURN;  -- every lane caught up and nothing taken: nothing to record
     END IF;
-    INSERT INTO awa.receipts (slot, id, run_lease, queue, ready_slot, deadline_at)
-    SELECT rslot, u.i, u.l, p_queue, u.s, deadline
-    FROM unnest(c_ids, c_leases, c_slots) AS u(i, l, s);
     INSERT INTO awa.claim_log (slot, queue, n, snap, cur_tick, cur_xid, cur_id)
     VALUES (rslot, p_queue, n_new, s_now, ticks, xs, ids);
+    IF cardinality(t_id) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO awa.receipts (slot, id, run_lease, queue, ready_slot, deadline_at)
+    SELECT rslot, u.i, u.l + 1, p_queue, u.s, deadline
+    FROM unnest(t_id, t_lease, t_slot) AS u(i, l, s);
+    RETURN QUERY
+        SELECT w.id, w.kind::text, w.queue::text, w.args::jsonb, w.priority::smallint,
+               (w.attempt + 1)::smallint, w.max_attempts::smallint, w.lease_base + 1,
+               date_part('epoch', w.run_at), date_part('epoch', w.created_at),
+               date_part('epoch', now()), date_part('epoch', deadline),
+               nullif(w.tags::text[], '{}'), nullif(w.metadata, '{}'), w.errors,
+               NULL::jsonb, NULL::bytea, NULL::text, rslot
+        FROM unnest(t_slot, t_id, t_lease) WITH ORDINALITY u(s, i, l, o)
+        -- Each row by its slot and id (one partition, one index probe), not a join
+        -- the planner might make by scanning the ring.
+        CROSS JOIN LATERAL (SELECT * FROM awa.ready r
+                            WHERE r.slot = u.s AND r.id = u.i AND r.lease_base = u.l
+                            LIMIT 1) w
+        ORDER BY u.o;
 END $$;
 
 -- Move open ring attempts (slot, id, lease) into the mutable lane: a `moved`
@@ -472,9 +532,12 @@ LANGUAGE sql AS $$
     ), moved AS (
         INSERT INTO awa.jobs
         SELECT j.* FROM closed k
-        JOIN awa.receipts r ON r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
-        JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
-                        AND w.lease_base = r.run_lease - 1
+        CROSS JOIN LATERAL (SELECT * FROM awa.receipts r
+                            WHERE r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
+                            LIMIT 1) r
+        CROSS JOIN LATERAL (SELECT * FROM awa.ready w
+                            WHERE w.slot = r.ready_slot AND w.id = r.id
+                              AND w.lease_base = r.run_lease - 1 LIMIT 1) w
         CROSS JOIN LATERAL awa.ring_job(w, r, coalesce(
             (SELECT max(h.at) FROM awa.heartbeats h
              WHERE h.slot = r.slot AND h.id = r.id AND h.run_lease = r.run_lease),
@@ -732,7 +795,7 @@ DECLARE
     f  text;
     ok boolean;
 BEGIN
-    FOR s IN 0..15 LOOP
+    FOR s IN 0..3 LOOP
         FOREACH f IN ARRAY ARRAY['receipts', 'closures', 'heartbeats', 'ready',
                                  'ready_cancels', 'claim_log'] LOOP
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM awa.%I)', f || '_' || s) INTO ok;
