@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+from tests.helpers import TO_MUTABLE
 
 import awa
 
@@ -72,6 +73,7 @@ async def test_cancel_and_retry(client: awa.AsyncClient, conn: asyncpg.Connectio
 
 async def test_retry_waiting_external(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     job = await client.insert(Task(1))
+    await conn.execute(TO_MUTABLE, job.id)  # a ring job moves to awa.jobs (setup)
     await conn.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                        "callback_id = gen_random_uuid() WHERE id = $1", job.id)
     retried = await client.retry(job.id)
@@ -82,6 +84,7 @@ async def test_retry_waiting_external(client: awa.AsyncClient, conn: asyncpg.Con
 async def test_cancel_running_job_notifies(client: awa.AsyncClient, database_url: str,
                                            conn: asyncpg.Connection) -> None:
     job = await client.insert(Task(1))
+    await conn.execute(TO_MUTABLE, job.id)  # a ring job moves to awa.jobs (setup)
     await conn.execute("UPDATE awa.jobs SET state = 'running', attempt = 1, run_lease = 1 "
                        "WHERE id = $1", job.id)
     listener = await asyncpg.connect(database_url)
@@ -106,6 +109,7 @@ async def test_pause_resume_and_stats(client: awa.AsyncClient, conn: asyncpg.Con
     await client.insert(Task(1), queue="q")
     await client.insert(Task(2), queue="q", run_at=datetime.now(UTC) + timedelta(hours=1))
     failed = await client.insert(Task(3), queue="q")
+    await conn.execute(TO_MUTABLE, failed.id)  # a ring job moves to awa.jobs (setup)
     await conn.execute("""
         WITH moved AS (DELETE FROM awa.jobs j WHERE id = $1 RETURNING j)
         INSERT INTO awa.jobs_done SELECT f.* FROM moved m,

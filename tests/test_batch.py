@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, ROOT, idle_task, wait_until
+from tests.helpers import FAST, ROOT, TO_MUTABLE, idle_task, wait_until
 
 import awa
 from awa.maintenance.batch import BatchRunner
@@ -71,6 +71,8 @@ async def test_preview_counts_queued_matches_and_samples(client: awa.AsyncClient
     await client.insert(Work(99), queue="b")
     later = datetime.now(UTC) + timedelta(hours=1)
     scheduled = await client.insert(Work(100), queue="a", run_at=later)
+    for j in jobs[:2]:
+        await conn.execute(TO_MUTABLE, j.id)  # setup: the rows to change in awa.jobs
     await conn.execute("UPDATE awa.jobs SET state = 'running', attempt = 1 WHERE id = $1",
                        jobs[0].id)  # started: no longer queued
     await conn.execute("UPDATE awa.jobs SET state = 'retryable', run_at = $2 WHERE id = $1",
@@ -250,7 +252,7 @@ async def test_move_queue_racing_with_workers_claiming_the_same_jobs(
 
     n = 3000
     await client.enqueue_many_copy([Work(i) for i in range(n)], queue="src")
-    ids = [r["id"] for r in await conn.fetch("SELECT id FROM awa.jobs ORDER BY id")]
+    ids = [r["id"] for r in await conn.fetch("SELECT id FROM awa.jobs_active ORDER BY id")]
     await client.start([("src", 8)], **LEADER, batch_chunk_size=40)
     await wait_until(lambda: _at_least(runs, 100), message="the worker to be draining")
     op = await client.move_queue("dst", filter={"queue": "src"})
@@ -288,6 +290,7 @@ async def test_a_job_claimed_while_its_chunk_waits_is_skipped(
     jobs = [await client.insert(Work(i), queue="q") for i in range(3)]
     claimer = await asyncpg.connect(database_url)
     try:
+        await claimer.execute(TO_MUTABLE, jobs[1].id)  # setup: the row to lock in awa.jobs
         tx = claimer.transaction()
         await tx.start()
         # A claim in flight: the row is locked, the job is about to start.
@@ -318,6 +321,7 @@ async def test_cancelled_midway(client: awa.AsyncClient, database_url: str) -> N
     jobs = [await client.insert(Work(i), queue="c") for i in range(60)]
     blocker = await asyncpg.connect(database_url)
     try:
+        await blocker.execute(TO_MUTABLE, jobs[5].id)  # setup: the row to lock in awa.jobs
         tx = blocker.transaction()
         await tx.start()
         # Holds the first job of the second chunk, so the runner stops there for a while.
@@ -429,6 +433,7 @@ async def test_snapshot_steps_over_id_gaps(client: awa.AsyncClient,
             for i in range(12)]
     pool = await client.pool()
     for j in jobs[6:]:  # far apart: most windows would be empty if they started blindly
+        await pool.execute(TO_MUTABLE, j.id)  # setup: the row to renumber in awa.jobs
         await pool.execute("UPDATE awa.jobs SET id = id + 1000000 * $2 WHERE id = $1",
                            j.id, j.id)
     op = await client.set_priority(3, filter={"tag": "x"})

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tests.helpers import TO_MUTABLE
 from tests.test_callbacks import _post
 
 import awa
@@ -29,6 +30,7 @@ async def _waiting(client: awa.AsyncClient) -> tuple[int, str]:
     job = await client.insert(Pay(1))
     cid = str(uuid.uuid4())
     pool = await client.pool()
+    await pool.execute(TO_MUTABLE, job.id)  # setup: to awa.jobs
     await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                        "callback_id = $2, heartbeat_at = NULL WHERE id = $1", job.id,
                        uuid.UUID(cid))

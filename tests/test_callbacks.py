@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-from tests.helpers import FAST, wait_for_state, wait_until
+from tests.helpers import FAST, TO_MUTABLE, wait_for_state, wait_until
 
 import awa
 from awa.core import callback_contract
@@ -95,6 +95,7 @@ async def test_unknown_ids_and_bad_timeouts(client: awa.AsyncClient,
             await client.complete_external(malformed)
     job = await client.insert(Order(1))
     cid = uuid.uuid4()
+    await conn.execute(TO_MUTABLE, job.id)  # setup: to awa.jobs
     await conn.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                        "callback_id = $2, callback_timeout_at = now() + interval '1 hour' "
                        "WHERE id = $1", job.id, cid)
@@ -220,6 +221,7 @@ async def test_racing_resolutions_resolve_once(client: awa.AsyncClient,
         for round_ in range(5):
             job = await client.insert(Order(round_))
             cid = uuid.uuid4()
+            await conn.execute(TO_MUTABLE, job.id)  # setup: to awa.jobs
             await conn.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                                "callback_id = $2 WHERE id = $1", job.id, cid)
             results = await asyncio.gather(
@@ -358,6 +360,7 @@ async def test_http_callbacks(client: awa.AsyncClient) -> None:
         job = await client.insert(Order(n))
         cid = str(uuid.uuid4())
         pool = await client.pool()
+        await pool.execute(TO_MUTABLE, job.id)  # setup: to awa.jobs
         await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                            "callback_id = $2, heartbeat_at = NULL WHERE id = $1", job.id,
                            uuid.UUID(cid))
@@ -422,6 +425,7 @@ async def test_bridge_resolves_in_callers_transaction(client: awa.AsyncClient,
     job = await client.insert(Order(1))
     cid = uuid.uuid4()
     pool = await client.pool()
+    await pool.execute(TO_MUTABLE, job.id)  # setup: to awa.jobs
     await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                        "callback_id = $2 WHERE id = $1", job.id, cid)
     conn = await asyncpg.connect(database_url)
@@ -461,6 +465,7 @@ async def test_bridge_runs_registered_followups_and_hooks(client: awa.AsyncClien
     first, second, third = [await client.insert(Order(n)) for n in (1, 2, 3)]
     ids = {first.id: uuid.uuid4(), second.id: uuid.uuid4(), third.id: uuid.uuid4()}
     for job_id, cid in ids.items():
+        await pool.execute(TO_MUTABLE, job_id)  # setup: to awa.jobs
         await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                            "callback_id = $2 WHERE id = $1", job_id, cid)
     conn = await asyncpg.connect(database_url)

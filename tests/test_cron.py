@@ -75,7 +75,7 @@ async def test_catch_up_and_coalesce_after_an_outage(client: awa.AsyncClient,
     service = CronService(await client.pool(), queries(), timedelta(seconds=1), lambda: True)
     await service.run_once()
     rows = await conn.fetch("SELECT metadata->>'cron_name' AS name, metadata->>'cron_fire_at' "
-                            "AS at FROM awa.jobs ORDER BY id")
+                            "AS at FROM awa.jobs_all ORDER BY id")
     caught = [r["at"] for r in rows if r["name"] == "catchup"]
     # Every missed second, once, without gaps (more than five if the machine is slow).
     times = [datetime.fromisoformat(t) for t in caught]
@@ -83,7 +83,7 @@ async def test_catch_up_and_coalesce_after_an_outage(client: awa.AsyncClient,
     assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(times))
     assert len([r for r in rows if r["name"] == "coalesce"]) == 1
     await service.run_once()  # nothing new is due within the same second
-    again = await conn.fetchval("SELECT count(*) FROM awa.jobs")
+    again = await conn.fetchval("SELECT count(*) FROM awa.jobs_all")
     assert again <= len(rows) + 2
 
 
@@ -121,7 +121,7 @@ async def test_every_second_with_three_workers_and_a_killed_leader(
                           env={"AWA_TEST_CRON": "1"}) for _ in range(3)]
     try:
         async def fired(n: int) -> bool:
-            return bool(await conn.fetchval("SELECT count(*) FROM awa.jobs "
+            return bool(await conn.fetchval("SELECT count(*) FROM awa.jobs_all "
                                             "WHERE queue = 'cron_q'") >= n)
         await wait_until(lambda: fired(3), timeout=30, message="first fires")
         holder = await conn.fetchval("SELECT holder FROM awa.leader")
@@ -129,7 +129,7 @@ async def test_every_second_with_three_workers_and_a_killed_leader(
         victim = next(p for p in procs if p.pid == pid)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
-        before = await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE queue = 'cron_q'")
+        before = await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE queue = 'cron_q'")
         await wait_until(lambda: fired(before + 4), timeout=30, message="fires after fail-over")
     finally:
         for p in procs:
@@ -140,7 +140,7 @@ async def test_every_second_with_three_workers_and_a_killed_leader(
                 await asyncio.to_thread(p.wait, 15)
             except subprocess.TimeoutExpired:
                 p.kill()
-    rows = await conn.fetch("SELECT metadata->>'cron_fire_at' AS at FROM awa.jobs "
+    rows = await conn.fetch("SELECT metadata->>'cron_fire_at' AS at FROM awa.jobs_all "
                             "WHERE queue = 'cron_q' ORDER BY 1")
     times = [datetime.fromisoformat(r["at"]) for r in rows]
     assert len(times) == len(set(times))  # exactly one job per fire time
@@ -180,11 +180,11 @@ async def test_a_schedule_this_host_cannot_read_is_reported_not_fatal(
             await service.run_once()
     about_mars = [r for r in caplog.records if "'mars'" in r.getMessage()]
     assert len(about_mars) == 1 and about_mars[0].exc_info is None, caplog.records
-    fired = await conn.fetch("SELECT DISTINCT metadata->>'cron_name' AS name FROM awa.jobs")
+    fired = await conn.fetch("SELECT DISTINCT metadata->>'cron_name' AS name FROM awa.jobs_all")
     assert [r["name"] for r in fired] == ["good"]
     # Fixed by hand: it fires again, and says so.
     await conn.execute("UPDATE awa.cron_jobs SET timezone = 'UTC' WHERE name = 'mars'")
     await service.run_once()
     assert await conn.fetchval(
-        "SELECT count(*) FROM awa.jobs WHERE metadata->>'cron_name' = 'mars'") == 1
+        "SELECT count(*) FROM awa.jobs_all WHERE metadata->>'cron_name' = 'mars'") == 1
     assert service.broken == {}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, TO_MUTABLE, wait_until
 
 import awa
 from awa import chain, chord, group, step
@@ -32,6 +32,7 @@ async def _state(client: awa.AsyncClient, job_id: int) -> S | None:
 
 async def _finish(conn: asyncpg.Connection, job_id: int, state: str = "completed") -> None:
     """Finish an active job the way the runtime's statements do (a move to jobs_done)."""
+    await conn.execute(TO_MUTABLE, job_id)  # a ring job moves to awa.jobs first
     await conn.execute(
         "WITH moved AS (DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j) "
         "INSERT INTO awa.jobs_done SELECT f.* FROM moved m, "
@@ -476,7 +477,7 @@ async def test_a_long_chain_failing_at_its_head_cancels_every_job(
     """The release is a worklist, not recursion: a 500-job chain fails in one statement."""
     run = await client.enqueue_workflow(chain(*[Work(f"n{i}") for i in range(500)]))
     await _finish(conn, run.jobs[0].id, "failed")
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_active") == 0
     assert await conn.fetchval(
         "SELECT count(*) FROM awa.jobs_done WHERE state = 'cancelled'") == 499
 

@@ -54,7 +54,7 @@ async def test_mixed_bulk_inserts_each_job_once_in_order(
                                5: {"after": [active, done], "on_parent_failure": "run_anyway"}})
     result = await _call(client, path, jobs, opts)
     rows = await conn.fetch("SELECT id, args->>'name' AS name, state::text, run_at"
-                            " FROM awa.jobs WHERE id > $1 ORDER BY id", done.id)
+                            " FROM awa.jobs_active WHERE id > $1 ORDER BY id", done.id)
     # Every job exactly once, ids in the call's order.
     assert [r["name"] for r in rows] == [j.name for j in jobs]
     if isinstance(result, int):
@@ -72,7 +72,7 @@ async def test_mixed_bulk_inserts_each_job_once_in_order(
     assert states[1] == states[5] == "scheduled" and rows[1]["run_at"].year == 9999
     assert all(s == "available" for i, s in enumerate(states) if i not in (1, 5))
     await _finish(conn, active.id)
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE id = ANY($1)"
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_active WHERE id = ANY($1)"
                                " AND state = 'available'", ids) == len(jobs)
 
 

@@ -44,7 +44,7 @@ async def test_bulk_children_wait_for_their_parents(client: awa.AsyncClient,
     else:
         async with client.transaction() as tx:
             await tx.insert_many(jobs, opts=opts, after=[a])
-    rows = await conn.fetch("SELECT id, state::text, priority, run_at FROM awa.jobs "
+    rows = await conn.fetch("SELECT id, state::text, priority, run_at FROM awa.jobs_active "
                             "WHERE id > $1 ORDER BY id", b.id)
     ids = [r["id"] for r in rows]
     assert [r["state"] for r in rows] == ["scheduled", "scheduled", "available", "scheduled"]
@@ -80,7 +80,7 @@ async def test_bulk_with_parents_already_finished(client: awa.AsyncClient,
     assert jobs[1].errors[-1]["error"] == f"parent job {failed.id} failed"
     assert await _edges(conn, jobs[0].id) == [(done.id, "completed")]
     assert await client.enqueue_many_copy([Work("v")], after=[done]) == 1
-    assert await conn.fetchval("SELECT state::text FROM awa.jobs ORDER BY id DESC LIMIT 1") \
+    assert await conn.fetchval("SELECT state::text FROM awa.jobs_active ORDER BY id DESC LIMIT 1") \
         == "available"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_for_state, wait_until
+from tests.helpers import FAST, TO_MUTABLE, wait_for_state, wait_until
 
 import awa
 from awa.db.queries import queries
@@ -21,6 +21,7 @@ S = awa.JobState
 
 async def _finish(conn: asyncpg.Connection, job_id: int, state: str = "completed") -> None:
     """Finish an active job the way the runtime's statements do (a move to jobs_done)."""
+    await conn.execute(TO_MUTABLE, job_id)  # a ring job moves to awa.jobs first
     await conn.execute(
         "WITH moved AS (DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j) "
         "INSERT INTO awa.jobs_done SELECT f.* FROM moved m, "
@@ -175,6 +176,8 @@ async def test_one_jobs_failing_rescue_leaves_the_others_rescued(
     waiting = await client.insert({}, kind="callback")
     claimed = await pool.fetch(q["attempt_claim"], "default", 30, 0.0, 60.0)
     assert len(claimed) == 22
+    for row in claimed:
+        await conn.execute(TO_MUTABLE, row["id"])  # setup: ring attempts to awa.jobs
     await conn.execute("UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' "
                        "WHERE kind <> 'callback'")
     await conn.execute("UPDATE awa.jobs SET state = 'waiting_external', "
@@ -235,8 +238,8 @@ async def test_an_outcome_held_up_by_an_open_insert_is_not_given_up(
     monkeypatch.setattr(completion, "RETRY_DELAYS", (0.01,) * 5)
     q = queries()
     parent = await client.insert({}, kind="p")
-    lease = (await (await client.pool()).fetch(q["attempt_claim"], "default", 1, 0.0,
-                                                60.0))[0]["run_lease"]
+    claim = (await (await client.pool()).fetch(q["attempt_claim"], "default", 1, 0.0, 60.0))[0]
+    lease, slot = claim["run_lease"], claim["receipt_slot"]  # slot: a ring attempt's
     pool = await create_pool(database_url, max_connections=2, command_timeout=1.0)
     producer = awa.AsyncClient(database_url)
     completer = completion.Completer(pool, q, completed_retention=timedelta(days=1),
@@ -245,7 +248,7 @@ async def test_an_outcome_held_up_by_an_open_insert_is_not_given_up(
         async with producer.transaction() as tx:
             child = await tx.insert({}, kind="c", after=[parent])
             write = asyncio.create_task(completer.write(parent.id, lease,
-                                                        Outcome("retry", delay=60)))
+                                                        Outcome("retry", delay=60), slot=slot))
             key = f"outcome write of job {parent.id}"
 
             async def timed_out_often() -> bool:

@@ -253,6 +253,7 @@ async def test_rejected_insert_rolls_the_completion_back(
             RETURN NEW;
         END $$;
         CREATE TRIGGER reject_b BEFORE INSERT ON awa.jobs FOR EACH ROW EXECUTE FUNCTION reject_b();
+        CREATE TRIGGER reject_b BEFORE INSERT ON awa.ready FOR EACH ROW EXECUTE FUNCTION reject_b();
     """)
 
     @client.task(StageA)
@@ -284,6 +285,8 @@ async def test_completion_retried_after_lost_connection_inserts_once(
         END $$;
         CREATE TRIGGER kill_once BEFORE INSERT ON awa.jobs FOR EACH ROW
             EXECUTE FUNCTION kill_once();
+        CREATE TRIGGER kill_once BEFORE INSERT ON awa.ready FOR EACH ROW
+            EXECUTE FUNCTION kill_once();
     """)
 
     @client.task(StageA)
@@ -307,16 +310,17 @@ async def test_replayed_completion_inserts_nothing_twice(
     pool = await client.pool()
     from awa.db.queries import queries
     claimed = await pool.fetch(queries()["attempt_claim"], "default", 1, 0.0, 60.0)
-    lease = claimed[0]["run_lease"]
+    lease, slot = claimed[0]["run_lease"], claimed[0]["receipt_slot"]  # slot: a ring attempt's
     from datetime import timedelta
 
     from awa.worker.completion import Completer
     completer = Completer(pool, queries(), completed_retention=timedelta(days=1),
                           failed_retention=timedelta(days=1))
     follow = [prepare(StageB(1))]
-    assert await completer.write(job.id, lease, Outcome("completed"), None, follow)
+    assert await completer.write(job.id, lease, Outcome("completed"), None, follow, slot=slot)
     # The commit's acknowledgement was "lost": the same completion is replayed.
-    assert not await completer.write(job.id, lease, Outcome("completed"), None, follow)
+    assert not await completer.write(job.id, lease, Outcome("completed"), None, follow,
+                                     slot=slot)
     assert await _count_b(conn) == 1
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_for_state
+from tests.helpers import FAST, TO_MUTABLE, wait_for_state
 
 import awa
 
@@ -48,6 +48,7 @@ def register(client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
             await tx.commit()
         if job.args.mode == "stale":
             # Meanwhile the attempt is rescued and claimed again elsewhere.
+            await conn.execute(TO_MUTABLE, job.id)  # setup: a ring attempt to awa.jobs
             await conn.execute("UPDATE awa.jobs SET run_lease = run_lease + 1 WHERE id = $1",
                                job.id)
         return awa.Output({"charged": job.args.order})

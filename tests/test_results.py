@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_for_state, wait_until
+from tests.helpers import FAST, TO_MUTABLE, wait_for_state, wait_until
 from tests.pgbouncer import SKIP_REASON, PgBouncer, binary
 
 import awa
@@ -134,6 +134,7 @@ async def test_the_timeout_holds_while_the_database_does_not_answer(
     job = await client.insert(Work(5), queue="nobody")
     holder = await asyncpg.connect(database_url)
     try:
+        await holder.execute(TO_MUTABLE, job.id)  # the row to hold is in awa.jobs
         tx = holder.transaction()
         await tx.start()
         await holder.execute("SELECT 1 FROM awa.jobs WHERE id = $1 FOR UPDATE", job.id)
@@ -269,6 +270,7 @@ async def test_a_finish_in_flight_during_registration_is_not_missed(
     job = await client.insert(Work(1), queue="held")
     finisher = await asyncpg.connect(database_url)
     try:
+        await finisher.execute(TO_MUTABLE, job.id)  # FINISH deletes from awa.jobs
         tx = finisher.transaction()
         await tx.start()
         await finisher.execute(FINISH, job.id)
@@ -297,6 +299,8 @@ async def test_only_the_finish_of_a_waited_on_job_runs_a_trigger_function(
     and unregisters."""
     plain = await client.insert(Work(1), queue="held")
     waited = await client.insert(Work(2), queue="held")
+    for job in (plain, waited):
+        await conn.execute(TO_MUTABLE, job.id)  # FINISH deletes from awa.jobs
     assert await conn.fetchval(queries()["result_register"], waited.id, None) == waited.id
     await conn.execute("LISTEN awa_result")
     heard: list[str] = []
@@ -323,6 +327,7 @@ async def test_a_registration_in_flight_during_a_finish_is_not_missed(
     registrar = await asyncpg.connect(database_url)
     finisher = await asyncpg.connect(database_url)
     try:
+        await registrar.execute(TO_MUTABLE, job.id)  # registering marks awa.jobs's row
         await finisher.execute("LISTEN awa_result")
         heard: list[str] = []
         await finisher.add_listener("awa_result", lambda *args: heard.append(args[3]))
@@ -425,6 +430,7 @@ async def test_a_cancelled_waiter_keeps_the_registration_others_need(
 async def test_cleanup_prunes_registrations_of_deleted_jobs(client: awa.AsyncClient) -> None:
     job = await client.insert(Work(1), queue="nobody")
     pool = await client.pool()
+    await pool.execute(TO_MUTABLE, job.id)  # registering marks awa.jobs's row
     assert await pool.fetchval(queries()["result_register"], job.id, None) == job.id
     await pool.execute("DELETE FROM awa.jobs WHERE id = $1", job.id)
     await pool.execute(queries()["result_waiters_prune"])

@@ -163,6 +163,9 @@ class AwaTestClient:
         while len(results) < max_jobs:
             if include_scheduled:
                 await pool.execute(q["queue_make_due"], queue)
+            # The queue's available ring jobs move to awa.jobs, where the kinds
+            # are read and the harness's claim looks.
+            await pool.fetchval(q["job_ring_queue_to_mutable"], queue)
             kinds = [r["kind"] for r in await pool.fetch(q["queue_available_kinds"], queue)]
             runnable = [k for k in kinds if self.client._registry.get(k) is not None]
             if not runnable:
@@ -182,6 +185,9 @@ class AwaTestClient:
     async def _work(self, registry: Registry, queue: str, kind: str) -> WorkResult:
         pool = await self.client.pool()
         q = self.client._q
+        # The next job of the kind, if it is in the ring, moves to awa.jobs
+        # first: the harness's claim reads that table only.
+        await pool.fetchval(q["job_ring_next_to_mutable"], queue, kind)
         row = await pool.fetchrow(q["attempt_claim_one_kind"], queue, kind)
         if row is None:
             return WorkResult(NoJob, "no_job")

@@ -59,9 +59,15 @@ async def dump_job(db: Executor, q: Queries, job_id: int) -> str:
 
 async def cancel(db: Executor, q: Queries, job_id: int, *,
                  retention: timedelta = states.FAILED_RETENTION) -> Job | None:
-    """Cancel an unfinished job (a running handler is told); None if already finished."""
+    """Cancel an unfinished job (a running handler is told); None if already finished.
+
+    A job in the append-only lane moves to awa.jobs first (a statement of its
+    own, so the cancel sees it), where the cancel and its ``awa_cancel`` notice
+    to a running handler work as for any job.
+    """
     validate.check_id("job_id", job_id)
     with translated():
+        await db.fetchval(q["job_ring_to_mutable"], [job_id])
         row = await db.fetchrow(q["job_cancel"], job_id, retention)
     if row is None:
         await get_job(db, q, job_id)  # raises JobNotFound for an unknown id
@@ -129,9 +135,14 @@ async def resume_queue(db: Executor, q: Queries, queue: str) -> None:
 
 async def drain_queue(db: Executor, q: Queries, queue: str, *,
                       retention: timedelta = states.FAILED_RETENTION) -> int:
-    """Cancel every job of ``queue`` waiting to run or on a callback; returns how many."""
+    """Cancel every job of ``queue`` waiting to run or on a callback; returns how many.
+
+    The queue's available ring jobs move to awa.jobs first (their own
+    statement), where the drain cancels them with the rest.
+    """
     validate.check_name("queue", queue)
     with translated():
+        await db.fetchval(q["job_ring_queue_to_mutable"], queue)
         status = await db.execute(q["queue_drain"], queue, retention)
     return rows_affected(status)
 

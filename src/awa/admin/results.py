@@ -97,6 +97,9 @@ class ResultWaiter:
                 while True:
                     if not registered:
                         with translated():
+                            # A ring job moves to awa.jobs first (its own
+                            # statement), where registering marks it.
+                            await self._pool.fetchval(self._q["job_ring_to_mutable"], [job_id])
                             registered = await self._pool.fetchval(
                                 self._q["result_register"], job_id, expires) is not None
                     job = await self._read(job_id)

@@ -147,7 +147,8 @@ def check_parents(parents: Sequence[int], children: Iterable[Parents]) -> Plan[F
     """Lock and mark the active ``parents`` until this transaction ends; read the
     finished ones. Refuses unknown parents, and a ``discard`` child of a parent
     already failed or cancelled (there would be nothing to keep)."""
-    yield "dependency_parents_to_mutable", (list(parents),)
+    yield "dependency_parents_to_mutable", (list(parents),)  # ring parents: available,
+    yield "dependency_parents_materialize", (list(parents),)  # then running ones
     row = yield "dependency_lock_parents", (list(parents),)
     assert row is not None
     active = set(row["ids"])

@@ -3,12 +3,13 @@
 -- (NULL = any), passed to awa.batch_match, which also requires a queued state.
 
 -- name: batch_preview_count
-SELECT count(*) FROM awa.jobs j
-WHERE awa.batch_match(j, $1, $2, $3, $4, $5, $6, $7)
+-- Queued jobs of both lanes (awa.jobs_active: the ring's available ones too).
+SELECT count(*) FROM awa.jobs_active j
+WHERE awa.batch_match(ROW(j.*)::awa.jobs, $1, $2, $3, $4, $5, $6, $7)
 
 -- name: batch_preview_sample
-SELECT * FROM awa.jobs j
-WHERE awa.batch_match(j, $1, $2, $3, $4, $5, $6, $7)
+SELECT * FROM awa.jobs_active j
+WHERE awa.batch_match(ROW(j.*)::awa.jobs, $1, $2, $3, $4, $5, $6, $7)
 ORDER BY j.id LIMIT $8
 
 -- name: batch_insert
@@ -72,7 +73,8 @@ SELECT pg_advisory_xact_lock(2979, hashtext($1::uuid::text))
 UPDATE awa.batch_operations
 SET state = 'scanning', started_at = now(), runner_instance = $2, updated_at = now(),
     cursor = jsonb_build_object('after_job_id', 0,
-                                'max_job_id', (SELECT coalesce(max(id), 0) FROM awa.jobs))
+                                'max_job_id', greatest((SELECT coalesce(max(id), 0) FROM awa.jobs),
+                                                       (SELECT coalesce(max(id), 0) FROM awa.ready)))
 WHERE id = $1 AND state = 'pending'
 
 -- name: batch_scan
@@ -80,15 +82,30 @@ WHERE id = $1 AND state = 'pending'
 -- job there, so gaps cost nothing), up to $10, into the operation $8. Returns
 -- the last id looked at (NULL: nothing left), where the next scan starts. A
 -- window of ids, not of matches, bounds each step however rare matches are.
+-- Both lanes: the matching available jobs of the append-only lane move to
+-- awa.jobs here (awa.ring_unready, under their queue's claim lock; one a claim
+-- took first stays in the ring, running, and is not snapshotted), so the
+-- chunks' statements (batch_apply, in later transactions) find them there.
 WITH start AS (
-    SELECT min(id) AS first FROM awa.jobs WHERE id > $9 AND id <= $10
+    SELECT least((SELECT min(id) FROM awa.jobs WHERE id > $9 AND id <= $10),
+                 (SELECT min(id) FROM awa.ready WHERE id > $9 AND id <= $10)) AS first
 ), found AS (
     SELECT j.id FROM awa.jobs j, start
     WHERE j.id >= start.first AND j.id < start.first + $11 AND j.id <= $10
       AND awa.batch_match(j, $1, $2, $3, $4, $5, $6, $7)
+), in_ring AS (
+    SELECT w.id FROM awa.ready w, start
+    WHERE w.id >= start.first AND w.id < start.first + $11 AND w.id <= $10
+      AND NOT EXISTS (SELECT 1 FROM awa.receipts r
+                      WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
+      AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                      WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base)
+      AND awa.batch_match(awa.ready_job(w), $1, $2, $3, $4, $5, $6, $7)
+), moved AS MATERIALIZED (
+    SELECT awa.ring_unready(ARRAY(SELECT id FROM in_ring ORDER BY id)) AS id
 ), kept AS (
     INSERT INTO awa.batch_operation_jobs (operation_id, job_id)
-    SELECT $8, id FROM found
+    SELECT $8::uuid, id FROM (SELECT id FROM found UNION SELECT id FROM moved) f
     ON CONFLICT DO NOTHING
 )
 SELECT least($10, first + $11 - 1) AS scanned_to FROM start

@@ -6,8 +6,29 @@
 
 -- name: dependency_parents_to_mutable
 -- Parents among $1 still in the append-only lane move to awa.jobs first, where
--- dependency_lock_parents marks them (migration 0020, awa.ring_to_mutable).
-SELECT coalesce(array_agg(id), '{}') AS ids FROM awa.ring_to_mutable($1::bigint[]) id
+-- dependency_lock_parents marks them (migration 0020). awa.ring_to_mutable in
+-- two statements: first the available ones (awa.ring_unready, which takes
+-- their queue's claim lock, held until the inserting transaction ends), then
+-- (dependency_parents_materialize) the running ones. Only the parents not
+-- claimed yet are handed to ring_unready: a running parent's queue is not
+-- locked, so an open producer transaction holds up no claim of it.
+SELECT coalesce(array_agg(id), '{}') AS ids FROM awa.ring_unready(ARRAY(
+    SELECT w.id FROM awa.ready w
+    WHERE w.id = ANY($1::bigint[])
+      AND NOT EXISTS (SELECT 1 FROM awa.receipts r
+                      WHERE r.id = w.id AND r.run_lease = w.lease_base + 1))) id
+
+-- name: dependency_parents_materialize
+-- The open ring attempts of parents $1 move to awa.jobs (awa.ring_materialize),
+-- read in this statement's snapshot: after dependency_parents_to_mutable's
+-- claim lock, so a claim that committed while it waited is seen and moved.
+SELECT coalesce(array_agg(id), '{}') AS ids FROM (
+    SELECT awa.ring_materialize(array_agg(r.slot), array_agg(r.id), array_agg(r.run_lease)) AS id
+    FROM awa.receipts r
+    WHERE r.id = ANY($1::bigint[]) AND NOT EXISTS (
+        SELECT 1 FROM awa.closures c
+        WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
+    HAVING count(*) > 0) m
 
 -- name: dependency_lock_parents
 -- The active parents among $1, locked (in id order, as completion batches

@@ -187,6 +187,37 @@ WHERE ($1::text IS NULL OR kind = $1)
 ORDER BY id DESC
 LIMIT $3
 
+-- name: job_ring_to_mutable
+-- The jobs among $1 still in the append-only lane (available or running) move
+-- to awa.jobs first (migration 0020, awa.ring_to_mutable), in a statement of
+-- their own: the admin transition that follows (cancel, wait_for's mark) then
+-- finds them where it looks, and a running one's worker learns of it as of
+-- any mutable-lane job. Jobs not in the ring are left alone.
+SELECT coalesce(array_agg(id), '{}') AS ids FROM awa.ring_to_mutable($1::bigint[]) id
+
+-- name: job_ring_queue_to_mutable
+-- Every available ring job of queue $1 moves to awa.jobs (awa.ring_queue_to_mutable),
+-- before an operator's drain of the queue; how many.
+SELECT count(*) AS moved FROM awa.ring_queue_to_mutable($1::text)
+
+-- name: job_ring_next_to_mutable
+-- The testing harness: the next available job of kind $2 in queue $1, over
+-- both lanes in the claim's order (priority, run_at, id), moves to awa.jobs
+-- if it is a ring job, so attempt_claim_one_kind (which reads awa.jobs) takes it.
+SELECT coalesce(array_agg(id), '{}') AS ids FROM awa.ring_to_mutable(ARRAY(
+    SELECT a.id FROM (
+        SELECT j.id, j.priority, j.run_at FROM awa.jobs j
+        WHERE j.state = 'available' AND j.queue = $1 AND j.kind = $2
+        UNION ALL
+        SELECT w.id, w.priority, w.run_at FROM awa.ready w
+        WHERE w.queue = $1 AND w.kind = $2
+          AND NOT EXISTS (SELECT 1 FROM awa.receipts r
+                          WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
+          AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                          WHERE k.slot = w.slot AND k.id = w.id
+                            AND k.lease_base = w.lease_base)
+    ) a ORDER BY a.priority, a.run_at, a.id LIMIT 1)) id
+
 -- name: job_cancel
 -- Cancel one unfinished job, running or not. A running handler's later
 -- writes find no active row and are dropped by the run-lease guard.
@@ -252,9 +283,15 @@ WHERE id = $1 AND state = 'waiting_external'
 RETURNING *
 
 -- name: storage_reset
--- install_queue_storage(reset=True): remove every job, unique claim and dependency.
+-- install_queue_storage(reset=True), the testing harness's clean(): remove every
+-- job (both lanes), unique claim and dependency. Off the hot path (no worker
+-- runs), so the ring's rows are deleted here; its claim cursors stay (they
+-- only ever move past rows, and no row is left behind them).
 WITH a AS (DELETE FROM awa.jobs), d AS (DELETE FROM awa.jobs_done),
-     e AS (DELETE FROM awa.job_dependencies)
+     e AS (DELETE FROM awa.job_dependencies),
+     r1 AS (DELETE FROM awa.ready), r2 AS (DELETE FROM awa.ready_cancels),
+     r3 AS (DELETE FROM awa.receipts), r4 AS (DELETE FROM awa.closures),
+     r5 AS (DELETE FROM awa.heartbeats)
 DELETE FROM awa.unique_claims
 
 -- name: storage_status

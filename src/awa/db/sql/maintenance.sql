@@ -27,6 +27,19 @@ WITH due AS (
 )
 SELECT queue, count(*) AS n, pg_notify('awa_jobs', queue) FROM promoted GROUP BY queue
 
+-- fragment: heartbeat_stale
+-- A running awa.jobs row (alias j) whose heartbeat is older than $1, counting
+-- the heartbeats its attempt wrote in the append-only lane before it moved
+-- here (migration 0020: a move inside a transaction still open, such as a
+-- dependent's insert, leaves the worker beating the ring until it commits):
+-- one receipt probe by id, one heartbeat probe, and only for stale rows.
+(j.heartbeat_at < now() - $1::interval
+ AND NOT EXISTS (SELECT 1 FROM awa.receipts r
+                 JOIN awa.heartbeats h ON h.slot = r.slot AND h.id = r.id
+                                      AND h.run_lease = r.run_lease
+                 WHERE r.id = j.id AND r.run_lease = j.run_lease
+                   AND h.at >= now() - $1::interval))
+
 -- name: job_rescue_running
 -- Attempts whose heartbeat is older than $1 or whose deadline passed: back to
 -- retryable with backoff, or failed when attempts are exhausted (dlq = true
@@ -41,9 +54,9 @@ WITH stale AS (
                                 'minutes, 0 = off; or a live deadline_ms override)',
                                 date_trunc('second', deadline_at - attempted_at))
                     ELSE 'heartbeat stale' END AS reason
-    FROM awa.jobs
+    FROM awa.jobs j
     WHERE state = 'running'
-      AND (heartbeat_at < now() - $1::interval OR deadline_at < now())
+      AND ({{heartbeat_stale}} OR deadline_at < now())
       AND ($4::bigint[] IS NULL OR id = ANY($4::bigint[])) AND id <> ALL($5::bigint[])
     LIMIT $2 FOR UPDATE SKIP LOCKED
 ), failing AS (
@@ -121,8 +134,8 @@ VACUUM (ANALYZE) awa.jobs
 -- name: job_rescue_candidates
 -- The ids job_rescue_running would rescue (at most $2, not $3), without
 -- touching them: the rescue service tries each alone when a batch failed.
-SELECT id FROM awa.jobs
-WHERE state = 'running' AND (heartbeat_at < now() - $1::interval OR deadline_at < now())
+SELECT id FROM awa.jobs j
+WHERE state = 'running' AND ({{heartbeat_stale}} OR deadline_at < now())
   AND id <> ALL($3::bigint[])
 ORDER BY id LIMIT $2
 

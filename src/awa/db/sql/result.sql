@@ -37,6 +37,7 @@ SELECT count(*) FROM awa.job_waiters
 -- cancelled before their deadline (a waiter that times out removes its own; a
 -- finish removes all), once expired, and those of jobs deleted by hand (no
 -- finish to remove them; a registration is made only while its job is active).
+-- Active in either lane (awa.jobs_active: one index probe per table for an id).
 DELETE FROM awa.job_waiters w
 WHERE w.expires_at < now() - interval '1 minute'
-   OR NOT EXISTS (SELECT 1 FROM awa.jobs j WHERE j.id = w.job_id)
+   OR NOT EXISTS (SELECT 1 FROM awa.jobs_active j WHERE j.id = w.job_id)
