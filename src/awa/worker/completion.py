@@ -249,9 +249,8 @@ class Completer:
                         rows = await self._flush_with_followups(batch, ids, leases, outputs,
                                                                 slots)
                     else:
-                        rows = await self._batch.fetch(
-                            self._q["attempt_complete_batch"], ids, leases, outputs,
-                            self._completed_retention, slots, timeout=BATCH_WAIT)
+                        rows = await self._complete_rows(self._batch, ids, leases, outputs,
+                                                         slots)
                 if any(p.future is not None for _, p in batch):
                     done = {r["id"] for r in rows}
                     for job_id, p in batch:
@@ -293,8 +292,7 @@ class Completer:
         async with self._pool.acquire() as conn:
             await conn.execute(self._q["tx_begin_deferred_notify"])
             try:
-                rows = await conn.fetch(self._q["attempt_complete_batch"], ids, leases, outputs,
-                                        self._completed_retention, slots, timeout=BATCH_WAIT)
+                rows = await self._complete_rows(conn, ids, leases, outputs, slots)
                 done = {r["id"] for r in rows}
                 plain: list[PreparedJob] = []
                 for job_id, p in batch:
@@ -315,6 +313,36 @@ class Completer:
                 raise
         self.notify(r.queue for job_id, p in batch if job_id in done for r in p.followups)
         return rows
+
+    async def _complete_rows(self, db: Conn | asyncpg.Pool | HeldConnection, ids: list[int],
+                             leases: list[int], outputs: list[str | None] | None,
+                             slots: list[int | None] | None,
+                             timeout: float | None = BATCH_WAIT) -> list[Any]:
+        """The batch statement's rows (the completions written). A ring attempt whose
+        closure lost to a move into the mutable lane committed while the batch waited
+        for it is finished there by a second statement, which sees the move (the
+        first one's DELETE read awa.jobs before the wait)."""
+        q, keep = self._q["attempt_complete_batch"], self._completed_retention
+        rows = list(await db.fetch(q, ids, leases, outputs, keep, slots, timeout=timeout))
+        if slots is None or len(rows) == len(ids):
+            return rows
+        done = {r["id"] for r in rows}
+        again = [n for n, (i, s) in enumerate(zip(ids, slots, strict=True))
+                 if s is not None and i not in done]
+        if again:
+            rows += await db.fetch(q, [ids[n] for n in again], [leases[n] for n in again],
+                                   None if outputs is None else [outputs[n] for n in again],
+                                   keep, None, timeout=timeout)
+        return rows
+
+    async def _fetch_outcome(self, db: Conn | asyncpg.Pool, sql: str, args: tuple[object, ...],
+                             timeout: float | None = None) -> Any:
+        """One outcome statement's row (None: stale). A ring attempt's completion that
+        lost to a move into the mutable lane is written there (see `_complete_rows`)."""
+        row = await db.fetchrow(sql, *args, timeout=timeout)
+        if row is None and sql == self._q["attempt_complete_batch"] and args[4] != [None]:
+            row = await db.fetchrow(sql, *args[:4], None, timeout=timeout)
+        return row
 
     async def _split(self, batch: list[tuple[int, _Pending]]) -> None:
         """A batch cut short, written job by job; a job still held up after
@@ -367,7 +395,8 @@ class Completer:
                     if written:
                         self.notify(r.queue for r in p.followups)
                 else:
-                    rows = await self._pool.fetch(sql, *args, timeout=timeout)
+                    rows = await self._complete_rows(self._pool, [job_id], [p.lease],
+                                                     [p.output], [p.slot], timeout)
                     written = bool(rows)
                     for r in rows:
                         self.count(r["queue"], "completed")
@@ -445,7 +474,7 @@ class Completer:
                                                  [job_id], [lease])
                         move = False
                     if not followups:
-                        row = await self._pool.fetchrow(sql, *args)
+                        row = await self._fetch_outcome(self._pool, sql, args)
                         telemetry.dead_lettered(row)
                         written = row is not None
                     else:
@@ -481,7 +510,7 @@ class Completer:
         # One round trip opens the transaction with wake-ups deferred to after commit.
         await conn.execute(self._q["tx_begin_deferred_notify"])
         try:
-            row = await conn.fetchrow(sql, *args, timeout=timeout)
+            row = await self._fetch_outcome(conn, sql, args, timeout)
             if row is None:
                 await conn.execute("ROLLBACK")
                 return False

@@ -81,6 +81,11 @@ async def run(handler: Callable[[Any], Awaitable[Any]], ctx: JobContext, job: Jo
                 done = await conn.fetch(db.q["attempt_complete_batch"], [job.id],
                                         [job.run_lease], [output], retention,
                                         [job.receipt_slot])
+                if not done and job.receipt_slot is not None:
+                    # Moved to the mutable lane while this waited: finished there, by
+                    # a statement that sees the move (Completer._complete_rows).
+                    done = await conn.fetch(db.q["attempt_complete_batch"], [job.id],
+                                            [job.run_lease], [output], retention, None)
             if not done:
                 await end(commit=False)
                 return Outcome("lost", error="run lease is stale: nothing committed")
