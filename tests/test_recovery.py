@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from tests.helpers import FAST, idle_task, spawn_worker, wait_until
+from tests.helpers import FAST, TO_MUTABLE, idle_task, spawn_worker, wait_until
 
 import awa
 from awa.core.model import Outcome
@@ -61,6 +61,7 @@ async def test_sigkilled_worker_jobs_are_rescued_elsewhere(client: awa.AsyncClie
 async def test_stale_completion_after_rescue_changes_nothing(client: awa.AsyncClient,
                                                              conn: asyncpg.Connection) -> None:
     job = await client.insert(Sleepy(0))
+    await conn.execute(TO_MUTABLE, job.id)  # the mutable lane's guard (the ring's: test_ring_*)
     pool = await client.pool()
     q = queries()
     claimed = await pool.fetch(q["attempt_claim"], "default", 1, 0.0, 60.0)
@@ -243,7 +244,10 @@ async def test_leader_vacuums_a_churned_jobs_table(client: awa.AsyncClient,
     # The case this covers: autovacuum off or behind. Left on (as on the embedded
     # server), it can clean the table first and leave the leader nothing to do.
     await conn.execute("ALTER TABLE awa.jobs SET (autovacuum_enabled = false)")
-    await client.enqueue_many_copy([Sleepy(0) for _ in range(12_000)], queue="churn")
+    # Scheduled: they wait in awa.jobs whichever lane takes plain jobs.
+    later = datetime.now(UTC) + timedelta(hours=1)
+    await client.enqueue_many_copy([Sleepy(0) for _ in range(12_000)], queue="churn",
+                                   run_at=later)
     await conn.execute("DELETE FROM awa.jobs WHERE queue = 'churn'")
     await conn.execute("SELECT pg_stat_force_next_flush()")  # PostgreSQL 15+
     assert int(await conn.fetchval("SELECT n_dead_tup FROM pg_stat_user_tables "
