@@ -18,7 +18,10 @@ One long-running process that speaks the harness's JSONL contract
 
 Only Awa's public API is used: ``awa.AsyncClient``, ``migrate()``,
 ``enqueue_many_copy()``, ``@client.task``, ``start()``, ``queue_stats()``,
-``shutdown()`` and ``close()``.
+``shutdown()`` and ``close()``.  The one exception, for FLAVOR "awa" only:
+after ``migrate()`` it switches enqueueing into the append-only lane on with
+``UPDATE awa.ring SET enqueue = true`` over a plain asyncpg connection
+(AWA_HARNESS_RING=0 leaves it off).
 
 The same file drives ``awa-pg`` (the Rust-backed SDK on PyPI, same import
 name): awa_pg_adapter.py runs it with FLAVOR = "awa-pg".
@@ -48,12 +51,30 @@ FLAVOR: str = globals().get("FLAVOR", "awa")
 SYSTEM = os.environ.get("AWA_HARNESS_SYSTEM", FLAVOR)
 QUEUE = "harness_bench"
 
-# Tables the harness polls for size / dead tuples.  Ours: the job tables of
-# the "awa" schema.  awa-pg: its queue-storage engine's tables.
+# Tables the harness polls for size / dead tuples.  Ours: every hot-path table
+# of the "awa" schema: the mutable lane (awa.jobs, awa.jobs_done_default,
+# awa.queue_throughput) and the append-only ring of migration 0020 (awa.ring
+# and each partition of its six families, because pg_stat_user_tables reports
+# per partition, never for the partitioned parent).  The harness takes any
+# number of tables: its metrics daemon runs one pg_stat_user_tables query per
+# table per tick, and its plots and summary.json's peak_dead_tup sum them.
+# awa.jobs stays first: the active-readers phase scans the first table.
+# awa-pg: its queue-storage engine's tables.
+RING_FAMILIES = ("ready", "ready_cancels", "claim_log", "receipts", "closures", "heartbeats")
+RING_SLOTS = 16
 EVENT_TABLES = {
-    "awa": ["awa.jobs", "awa.jobs_done_default", "awa.queue_throughput"],
+    "awa": [
+        "awa.jobs",
+        "awa.jobs_done_default",
+        "awa.queue_throughput",
+        "awa.ring",
+        *(f"awa.{family}_{slot}" for family in RING_FAMILIES for slot in range(RING_SLOTS)),
+    ],
     "awa-pg": [],  # filled in at startup from the engine's own schema
 }
+# AWA_HARNESS_RING=0 leaves enqueue into the append-only lane off (the default
+# of a migrated database); anything else switches it on after migrate().
+RING_ON = os.environ.get("AWA_HARNESS_RING", "1").strip() != "0"
 AWA_PG_TABLES = (
     "queue_ring_state",
     "queue_ring_slots",
@@ -206,12 +227,14 @@ class Adapter:
         self.depth = 0
         self.running = 0
         self.depth_known = False
+        self.ring_depth: float | None = None  # awa.ring_available (FLAVOR "awa", ring on)
         self.target_rate_now = self.base_rate
         self.claim_hist = RollingHistogram(30)
         self.producer_hist = RollingHistogram(30)
         self.depth_poll_hist = RollingHistogram(30)
         self.producer: awa.AsyncClient | None = None
         self.worker: awa.AsyncClient | None = None
+        self.ring: bool | None = None  # awa.ring.enqueue after setup (FLAVOR "awa")
 
     # -- setup
 
@@ -230,6 +253,8 @@ class Adapter:
                     log(f"migrate failed ({exc!r}); retrying")
                     await asyncio.sleep(0.5 + attempt)
             tables = list(EVENT_TABLES.get(FLAVOR, []))
+            if FLAVOR == "awa":
+                await self.set_ring(RING_ON)
             if FLAVOR == "awa-pg":
                 # awa-pg 0.6: a fresh database migrates to the canonical engine and
                 # flips to queue storage once a runtime starts; enqueue_many_copy
@@ -251,6 +276,19 @@ class Adapter:
             return tables
         finally:
             await admin.close()
+
+    async def set_ring(self, on: bool) -> None:
+        """Switch enqueueing into the append-only lane (migration 0020) on or
+        off for this database: bench code, so a plain UPDATE of awa.ring."""
+        import asyncpg
+
+        conn = await asyncpg.connect(self.url)
+        try:
+            await conn.execute("UPDATE awa.ring SET enqueue = $1", on)
+            self.ring = bool(await conn.fetchval("SELECT enqueue FROM awa.ring"))
+        finally:
+            await conn.close()
+        log(f"awa.ring.enqueue = {self.ring} (AWA_HARNESS_RING={'0' if not on else '1'})")
 
     def version(self) -> str:
         from importlib.metadata import PackageNotFoundError, version
@@ -372,22 +410,53 @@ class Adapter:
 
     async def poll_depth(self) -> None:
         """The observer's queue_depth / running_depth, from queue_stats() once per
-        sample period (instance 0 only)."""
+        sample period (instance 0 only).
+
+        queue_stats() counts awa.jobs only, so with the append-only lane on
+        the ring's available jobs are missing from queue_depth. ring_depth
+        reports them separately (awa.ring_available, capped at 10^6), so that
+        queue_depth keeps meaning "what queue_stats() says"."""
         assert self.producer is not None
         needed = INSTANCE == 0
-        while not self.shutdown.is_set():
-            if needed:
-                began = time.monotonic()
-                try:
-                    stats = await self.producer.queue_stats()
-                    mine = [s for s in stats if s.queue == QUEUE]
-                    self.depth = int(mine[0].available) if mine else 0
-                    self.running = int(mine[0].running) if mine else 0
-                    self.depth_known = True
-                    self.depth_poll_hist.record((time.monotonic() - began) * 1000.0)
-                except Exception as exc:
-                    log(f"queue_stats failed: {exc!r}")
-            await self._sleep(self.sample_every)
+        ring_conn = None
+        if needed and self.ring:
+            import asyncpg
+
+            try:
+                ring_conn = await asyncpg.connect(self.url)
+            except Exception as exc:
+                log(f"ring_depth connection failed: {exc!r}")
+        try:
+            while not self.shutdown.is_set():
+                if ring_conn is not None:
+                    try:
+                        self.ring_depth = float(
+                            await ring_conn.fetchval(
+                                "SELECT awa.ring_available($1, 1000000)", QUEUE
+                            )
+                        )
+                    except Exception as exc:
+                        log(f"ring_available failed: {exc!r}")
+                        if ring_conn.is_closed():
+                            try:
+                                ring_conn = await asyncpg.connect(self.url)
+                            except Exception:
+                                pass
+                if needed:
+                    began = time.monotonic()
+                    try:
+                        stats = await self.producer.queue_stats()
+                        mine = [s for s in stats if s.queue == QUEUE]
+                        self.depth = int(mine[0].available) if mine else 0
+                        self.running = int(mine[0].running) if mine else 0
+                        self.depth_known = True
+                        self.depth_poll_hist.record((time.monotonic() - began) * 1000.0)
+                    except Exception as exc:
+                        log(f"queue_stats failed: {exc!r}")
+                await self._sleep(self.sample_every)
+        finally:
+            if ring_conn is not None:
+                ring_conn.terminate()
 
     async def sample(self) -> None:
         # Align the first tick to the next wall-clock SAMPLE_EVERY_S boundary.
@@ -418,6 +487,11 @@ class Adapter:
                 rows += [
                     ("queue_depth", float(self.depth), 0.0),
                     ("running_depth", float(self.running), 0.0),
+                    *(
+                        [("ring_depth", float(self.ring_depth), 0.0)]
+                        if self.ring_depth is not None
+                        else []
+                    ),
                     ("producer_target_rate", float(self.target_rate_now), 0.0),
                     ("depth_poll_p50_ms", poll[0], 30.0),
                     ("depth_poll_p99_ms", poll[1], 30.0),
@@ -470,14 +544,15 @@ class Adapter:
                 "version": self.version(),
                 "schema_version": str(
                     getattr(self, "storage_status", {}).get("active_engine", "current")
-                ),
+                )
+                + ("" if self.ring is None else f" ring.enqueue={str(self.ring).lower()}"),
                 "db_name": db_name,
                 "started_at": now_iso(),
             }
         )
         log(
             f"mode={self.producer_mode} rate={self.base_rate:g} workers={self.worker_count} "
-            f"harness_paced={self.harness_paced} version={self.version()}"
+            f"harness_paced={self.harness_paced} version={self.version()} ring={self.ring}"
         )
 
         self.producer = awa.AsyncClient(self.url, max_connections=3)

@@ -486,7 +486,9 @@ def main() -> int:
         "burst_rate": int(ns.pressure_rate * 1.5),
     }
 
-    out = ns.out
+    # Absolute: the driver runs with the harness clone as its cwd, so a relative
+    # --out would put the runs inside the clone.
+    out = ns.out.resolve()
     raw_dir = out / "runs"
     logs = out / "logs"
     for p in (raw_dir, logs):
