@@ -61,7 +61,7 @@ QUEUE = "harness_bench"
 # awa.jobs stays first: the active-readers phase scans the first table.
 # awa-pg: its queue-storage engine's tables.
 RING_FAMILIES = ("ready", "ready_cancels", "claim_log", "receipts", "closures", "heartbeats")
-RING_SLOTS = 16
+RING_SLOTS = 4  # migration 0020: awa.ring.slots
 EVENT_TABLES = {
     "awa": [
         "awa.jobs",
