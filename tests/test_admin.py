@@ -106,6 +106,8 @@ async def test_pause_resume_and_stats(client: awa.AsyncClient, conn: asyncpg.Con
     await client.insert(Task(1), queue="q")
     await client.insert(Task(2), queue="q", run_at=datetime.now(UTC) + timedelta(hours=1))
     failed = await client.insert(Task(3), queue="q")
+    # A ring job (AWA_TEST_RING=1) moves to awa.jobs first; a no-op otherwise.
+    await conn.execute("SELECT count(*) FROM awa.ring_to_mutable($1::bigint[])", [failed.id])
     await conn.execute("""
         WITH moved AS (DELETE FROM awa.jobs j WHERE id = $1 RETURNING j)
         INSERT INTO awa.jobs_done SELECT f.* FROM moved m,
