@@ -23,7 +23,7 @@ class Item:
 async def _available(client: awa.AsyncClient, queue: str) -> int:
     pool = await client.pool()
     n: int = await pool.fetchval(
-        "SELECT count(*) FROM awa.jobs WHERE queue = $1 AND state = 'available'", queue)
+        "SELECT count(*) FROM awa.jobs_active WHERE queue = $1 AND state = 'available'", queue)
     return n
 
 

@@ -36,6 +36,9 @@ def awa_cli(url: str, *args: str,
 
 async def fail_jobs(conn: asyncpg.Connection, kind: str) -> None:
     """Fail every available job of ``kind`` terminally, as a worker would."""
+    # Ring jobs (AWA_TEST_RING=1) move to awa.jobs first; a no-op otherwise.
+    await conn.execute("SELECT count(*) FROM awa.ring_to_mutable(ARRAY("
+                       "SELECT id FROM awa.jobs_active WHERE kind = $1))", kind)
     await conn.execute("UPDATE awa.jobs SET attempt = 1 WHERE kind = $1", kind)
     await conn.execute("""
         WITH moved AS (DELETE FROM awa.jobs j WHERE kind = $1 RETURNING j)
@@ -129,7 +132,7 @@ async def test_enqueue_count_in_chunks(database_url: str, conn: asyncpg.Connecti
                     "--chunk-size", "3", env={"AWA_PROGRESS": "1"})
     assert shown.stdout.strip() == "enqueued 7 jobs"
     assert "enqueueing" in shown.stderr and "7/7" in shown.stderr and "\x1b[" in shown.stderr
-    counts = dict(await conn.fetch("SELECT args->>'x', count(*) FROM awa.jobs "
+    counts = dict(await conn.fetch("SELECT args->>'x', count(*) FROM awa.jobs_active "
                                    "WHERE kind = 'bulk' GROUP BY 1"))
     assert counts == {None: 10001, "1": 7}
 

@@ -75,6 +75,9 @@ async def _hostile_jobs(client: awa.AsyncClient, conn: asyncpg.Connection) -> tu
     producer or an older version could have)."""
     live = await client.insert({"a": EVIL}, kind="live")
     dead = await client.insert({"a": EVIL}, kind="dead")
+    # Ring jobs (AWA_TEST_RING=1) move to awa.jobs first; a no-op otherwise.
+    await conn.execute("SELECT count(*) FROM awa.ring_to_mutable($1::bigint[])",
+                       [live.id, dead.id])
     await conn.execute(
         "UPDATE awa.jobs SET kind = 'k' || $1, queue = 'q' || $1, tags = ARRAY['t' || $1],"
         " metadata = jsonb_build_object('m', $1::text) WHERE id = ANY($2::bigint[])",
@@ -163,6 +166,7 @@ async def test_deeply_nested_json_is_a_one_line_error(database_url: str,
         assert "nested too deeply" in line
     # Stored by another producer: showing it is either fine or one clean line.
     job = await client.insert({}, kind="deep")
+    await conn.execute("SELECT count(*) FROM awa.ring_to_mutable($1::bigint[])", [job.id])
     await conn.execute("UPDATE awa.jobs SET args = $1::jsonb WHERE id = $2", _nested(990), job.id)
     for command in (("job", "list"), ("job", "list", "--json"), ("queue", "stats")):
         result = awa_cli(database_url, *command)

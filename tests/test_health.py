@@ -18,6 +18,10 @@ async def test_claims_that_keep_failing_make_the_worker_unhealthy(
         BEGIN RAISE EXCEPTION 'claims of % are broken', NEW.queue; END $$;
         CREATE TRIGGER refuse_claim BEFORE UPDATE ON awa.jobs FOR EACH ROW
             WHEN (NEW.queue = 'broken' AND NEW.state = 'running')
+            EXECUTE FUNCTION public.refuse_claim();
+        -- A ring job's claim writes a receipt instead (AWA_TEST_RING=1).
+        CREATE TRIGGER refuse_ring_claim BEFORE INSERT ON awa.receipts FOR EACH ROW
+            WHEN (NEW.queue = 'broken')
             EXECUTE FUNCTION public.refuse_claim();""")
     await client.insert({"n": 1}, kind="step", queue="broken")
     ok = await client.insert({"n": 2}, kind="step", queue="fine")

@@ -4,7 +4,8 @@ Called by every client enqueue (`Transaction`'s and the bridge's too) with the c
 ``backpressure`` option, on the connection that will write, before anything
 is written. ``"off"`` returns at once without a round trip, so producers
 that don't ask pay nothing. One bounded count per distinct queue of the call
-(see `awa.core.backpressure` for what the depth means).
+(see `awa.core.backpressure` for what the depth means; it counts ring jobs too,
+`depth_available`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from awa.telemetry import otel as telemetry
 
 
 async def measure(conn: Conn, q: Queries, queue: str, cap: int) -> QueueDepth:
-    """Count ``queue``'s available jobs, stopping at ``cap`` (claim index only)."""
+    """Count ``queue``'s available jobs in both lanes, stopping at ``cap`` (the
+    claim index, then the ring's claim cursors; no spent row is read)."""
     with translated():
         depth = await conn.fetchval(q["depth_available"], queue, cap)
     return QueueDepth(queue, int(depth), cap)

@@ -165,10 +165,25 @@ WITH src AS MATERIALIZED (
 SELECT * FROM awa.jobs_all WHERE id = $1
 
 -- name: job_list_active
-SELECT * FROM awa.jobs
-WHERE ($1::awa.job_state IS NULL OR state = $1)
-  AND ($2::text IS NULL OR kind = $2)
-  AND ($3::text IS NULL OR queue = $3)
+-- Active jobs of either lane (the rows of awa.jobs_active), newest first: the
+-- newest $4 of awa.jobs and of each of the ring's views (migration 0021),
+-- merged, so that each is one ordered index scan that stops early.
+SELECT * FROM (
+    (SELECT * FROM awa.jobs
+     WHERE ($1::awa.job_state IS NULL OR state = $1)
+          AND ($2::text IS NULL OR kind = $2) AND ($3::text IS NULL OR queue = $3)
+     ORDER BY id DESC LIMIT $4)
+    UNION ALL
+    (SELECT * FROM awa.ring_jobs_available
+     WHERE ($1::awa.job_state IS NULL OR state = $1)
+          AND ($2::text IS NULL OR kind = $2) AND ($3::text IS NULL OR queue = $3)
+     ORDER BY id DESC LIMIT $4)
+    UNION ALL
+    (SELECT * FROM awa.ring_jobs_running
+     WHERE ($1::awa.job_state IS NULL OR state = $1)
+          AND ($2::text IS NULL OR kind = $2) AND ($3::text IS NULL OR queue = $3)
+     ORDER BY id DESC LIMIT $4)
+) a
 ORDER BY id DESC
 LIMIT $4
 
@@ -181,9 +196,29 @@ ORDER BY id DESC
 LIMIT $4
 
 -- name: job_list_any
-SELECT * FROM awa.jobs_all
-WHERE ($1::text IS NULL OR kind = $1)
-  AND ($2::text IS NULL OR queue = $2)
+-- Jobs of any state (the rows of awa.jobs_all), newest first: the newest $3
+-- of each table or view it unions, merged (as job_list_active).
+SELECT * FROM (
+    (SELECT * FROM awa.jobs WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
+    UNION ALL
+    (SELECT * FROM awa.ring_jobs_available WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
+    UNION ALL
+    (SELECT * FROM awa.ring_jobs_running WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
+    UNION ALL
+    (SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+            run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+            coalesce(tags, '{}'), coalesce(metadata, '{}'), errors, progress, output,
+            unique_key, unique_states, ordering_key, callback_id, callback_timeout_at,
+            concurrency_key, concurrency_limit, concurrency_slot
+     FROM awa.jobs_done WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
+    UNION ALL
+    (SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
+            run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
+            tags, metadata, errors, progress, output, unique_key, unique_states,
+            ordering_key, callback_id, callback_timeout_at,
+            concurrency_key, concurrency_limit, concurrency_slot
+     FROM awa.dlq WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
+) a
 ORDER BY id DESC
 LIMIT $3
 
@@ -295,7 +330,10 @@ WITH a AS (DELETE FROM awa.jobs), d AS (DELETE FROM awa.jobs_done),
 DELETE FROM awa.unique_claims
 
 -- name: storage_status
-SELECT (SELECT count(*) FROM awa.jobs) AS active_jobs,
+-- ring_enqueue: whether plain jobs are inserted into the append-only lane
+-- (awa.ring.enqueue) rather than awa.jobs.
+SELECT (SELECT count(*) FROM awa.jobs_active) AS active_jobs,
+       (SELECT enqueue FROM awa.ring) AS ring_enqueue,
        (SELECT count(*) FROM pg_inherits WHERE inhparent = 'awa.jobs_done'::regclass)
            AS partitions,
        (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint

@@ -23,6 +23,7 @@ SELECT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1)
     OR EXISTS (SELECT 1 FROM awa.jobs_done WHERE state = 'failed' AND queue = $1)
     OR EXISTS (SELECT 1 FROM awa.dlq WHERE queue = $1)
     OR EXISTS (SELECT 1 FROM awa.jobs WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM awa.ready WHERE queue = $1)
 
 -- name: queue_resume
 UPDATE awa.queues SET paused = false, paused_by = NULL, paused_at = NULL WHERE queue = $1
@@ -52,8 +53,10 @@ INSERT INTO awa.jobs_done
 SELECT f.* FROM moved m, LATERAL awa.finished(m.j, 'cancelled', $2::interval) f
 
 -- name: queue_stats
--- Active counts come from the (small) active table; failures from a small
--- partial index; completions from the per-minute rollup. No history scans.
+-- Active counts come from the active jobs of both lanes (awa.jobs_active: the
+-- mutable lane and the ring's available and running jobs, whose spent rows
+-- the ring's rotation keeps bounded); failures from a small partial index;
+-- completions from the per-minute rollup. No history scans.
 WITH active AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
@@ -62,7 +65,7 @@ WITH active AS (
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'waiting_external') AS waiting_external,
            min(run_at) FILTER (WHERE state = 'available') AS oldest_available
-    FROM awa.jobs GROUP BY queue
+    FROM awa.jobs_active GROUP BY queue
 ), failed AS (
     SELECT queue, count(*) AS failed FROM awa.jobs_done WHERE state = 'failed' GROUP BY queue
 ), completed AS (
@@ -89,27 +92,36 @@ LEFT JOIN awa.queues q ON q.queue = n.queue
 ORDER BY n.queue
 
 -- name: queue_available_counts
-SELECT queue, count(*) AS n FROM awa.jobs
-WHERE state = 'available' AND queue = ANY($1::text[])
-GROUP BY queue
+-- Available jobs of each queue of $1 that has any: the mutable lane's, plus
+-- the ring's counted from its claim cursors (awa.ring_available, which never
+-- walks spent rows).
+SELECT queue, n FROM (
+    SELECT q AS queue,
+           (SELECT count(*) FROM awa.jobs j WHERE j.state = 'available' AND j.queue = q)
+           + awa.ring_available(q, 2147483647) AS n
+    FROM unnest($1::text[]) AS q
+) c
+WHERE n > 0
 
 -- name: queue_depth_lag
 -- The awa.queue.depth and awa.queue.lag gauges: active jobs by queue and
 -- state, and the age of each queue's oldest available job. One pass over the
--- active table (finished jobs live elsewhere), run by the leader every ~15 s.
+-- active jobs of both lanes (awa.jobs_active; finished jobs live elsewhere),
+-- run by the leader every ~15 s.
 SELECT queue, state::text AS state, count(*) AS depth,
        CASE WHEN state = 'available'
                  AND isfinite(min(run_at))
             THEN greatest(date_part('epoch', now()) - date_part('epoch', min(run_at)), 0)
        END AS lag_seconds
-FROM awa.jobs
+FROM awa.jobs_active
 GROUP BY queue, state
 
 -- name: queue_unpause_all
 DELETE FROM awa.queues
 
 -- name: queue_available_kinds
-SELECT DISTINCT kind FROM awa.jobs WHERE state = 'available' AND queue = $1
+-- The kinds of $1's available jobs, in either lane.
+SELECT DISTINCT kind FROM awa.jobs_active WHERE state = 'available' AND queue = $1
 
 -- name: queue_make_due
 -- The testing harness's drain(include_scheduled=True): run waiting jobs now,
@@ -138,24 +150,36 @@ DO UPDATE SET completed = t.completed + EXCLUDED.completed, failed = t.failed + 
 -- Kinds of $1 with available jobs in queues that no worker seen in the last
 -- $2 serves: those jobs wait forever. The queues holding available jobs come
 -- from a loose scan of the claim index (one probe per queue, however deep
--- the backlog), and each unserved queue is sampled, not counted whole.
+-- the backlog) and one of the ring's lane index (a queue there counts when
+-- its claim cursors have a job left, awa.ring_available), and each unserved
+-- queue is sampled, not counted whole.
 WITH RECURSIVE queues AS (
     (SELECT queue FROM awa.jobs WHERE state = 'available' ORDER BY queue LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM awa.jobs j
             WHERE j.state = 'available' AND j.queue > queues.queue ORDER BY j.queue LIMIT 1)
     FROM queues WHERE queues.queue IS NOT NULL
+), ring_queues AS (
+    (SELECT queue FROM awa.ready ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM awa.ready w WHERE w.queue > r.queue ORDER BY w.queue LIMIT 1)
+    FROM ring_queues r WHERE r.queue IS NOT NULL
+), held AS (
+    SELECT queue::text FROM queues WHERE queue IS NOT NULL
+    UNION
+    SELECT queue::text FROM ring_queues
+    WHERE queue IS NOT NULL AND awa.ring_available(queue, 1) > 0
 ), served AS (
     SELECT jsonb_object_keys(queues) AS queue FROM awa.runtime_instances
     WHERE last_seen_at > now() - $2::interval
 )
 SELECT q.queue, s.kind, s.sampled
-FROM queues q
+FROM held q
 CROSS JOIN LATERAL (
     SELECT kind, count(*) AS sampled
-    FROM (SELECT kind FROM awa.jobs j
+    FROM (SELECT kind FROM awa.jobs_active j
           WHERE j.state = 'available' AND j.queue = q.queue LIMIT 1000) x
     WHERE kind = ANY($1::text[])
     GROUP BY kind) s
-WHERE q.queue IS NOT NULL AND q.queue NOT IN (SELECT queue FROM served)
+WHERE q.queue NOT IN (SELECT queue FROM served)
 ORDER BY 1, 2
