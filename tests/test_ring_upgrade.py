@@ -95,7 +95,7 @@ async def test_every_live_job_survives_the_upgrade_and_runs(empty_database_url: 
             "LATERAL awa.dead_lettered(f, 'max_attempts_exhausted') d", dead)
         before = await _snapshot(conn)
 
-        assert await awa.migrate(empty_database_url) == [20]
+        assert await awa.migrate(empty_database_url) == [20, 21]
         assert await _snapshot(conn) == before  # nothing moved, nothing changed
         # An upgraded database keeps enqueueing into awa.jobs until switched over.
         assert await conn.fetchval("SELECT enqueue FROM awa.ring") is False

@@ -193,6 +193,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             "code_schema_version": migrations.current_migration_version(),
             "active_jobs": row["active_jobs"], "finished_partitions": row["partitions"],
             "finished_jobs_estimate": row["finished_estimate"],
+            # Whether plain jobs are enqueued into the append-only lane (migration 0020).
+            "ring_enqueue": row["ring_enqueue"],
         })
 
     @asynccontextmanager

@@ -367,7 +367,9 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
     await conn.execute(q["tx_begin_deferred_notify" if begin else "tx_defer_notify"])
     numbered = list(zip(ids, jobs, strict=True)) if ids is not None else None
     ring: list[int] = []
-    if await conn.fetchval(q["ring_takes_inserts"]):
+    lane = await conn.fetchrow(q["ring_takes_inserts"])
+    assert lane is not None  # the ring's one row (migration 0020)
+    if lane["enqueue"]:
         now = datetime.now(UTC)
         ring = [i for i, j in enumerate(jobs) if _ring_plain(j, now)]
     woken: set[str] = set()
@@ -378,7 +380,7 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
         lanes = sorted({(j.queue, j.priority) for j in plain})
         await conn.execute(q["ring_lanes_known"], [lane[0] for lane in lanes],
                            [lane[1] for lane in lanes])
-        await _copy(conn, q, "ready", *_ring_records(plain, now),
+        await _copy(conn, q, "ready", *_ring_records(plain, now, lane["slot"]),
                     None if numbered is None else [numbered[i][0] for i in ring])
         woken.update(jobs[i].queue for i in ring)
         jobs = [jobs[i] for i in rest]
@@ -396,19 +398,20 @@ async def copy_records(conn: Conn, q: Queries, jobs: Sequence[PreparedJob], *,
 
 
 #: The columns `copy_records` sends to the append-only lane (awa.ready).
-_RING_COLUMNS = ("kind", "queue", "args", "priority", "max_attempts", "tags", "metadata",
-                 "run_at")
+_RING_COLUMNS = ("slot", "kind", "queue", "args", "priority", "max_attempts", "tags",
+                 "metadata", "run_at")
 
 
-def _ring_records(jobs: Sequence[PreparedJob],
-                  now: datetime) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
-    """The columns and records of `copy_records`'s COPY into the append-only lane;
-    jobs all due now leave run_at to the server's time, as `_copy_records` does."""
+def _ring_records(jobs: Sequence[PreparedJob], now: datetime,
+                  slot: int) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The columns and records of `copy_records`'s COPY into the append-only lane
+    (into ``slot``, sent once rather than looked up per row); jobs all due now
+    leave run_at to the server's time, as `_copy_records` does."""
     if all(j.run_at is None for j in jobs):
-        return (_RING_COLUMNS[:-1], [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts,
-                                      j.tags, j.metadata_json) for j in jobs])
-    return (_RING_COLUMNS, [(j.kind, j.queue, j.args_json, j.priority, j.max_attempts, j.tags,
-                             j.metadata_json, j.run_at or now) for j in jobs])
+        return (_RING_COLUMNS[:-1], [(slot, j.kind, j.queue, j.args_json, j.priority,
+                                      j.max_attempts, j.tags, j.metadata_json) for j in jobs])
+    return (_RING_COLUMNS, [(slot, j.kind, j.queue, j.args_json, j.priority, j.max_attempts,
+                             j.tags, j.metadata_json, j.run_at or now) for j in jobs])
 
 
 def _ring_plain(job: PreparedJob, now: datetime) -> bool:

@@ -112,8 +112,10 @@ routed AS MATERIALIZED (
                AND s.concurrency_key IS NULL AS ring
     FROM src s
 ), to_ring AS (
-    INSERT INTO awa.ready (id, kind, queue, args, priority, max_attempts, run_at, tags, metadata)
-    SELECT id, kind, queue, args, priority, max_attempts, coalesce(run_at, now()), tags, metadata
+    INSERT INTO awa.ready (slot, id, kind, queue, args, priority, max_attempts, run_at, tags,
+                           metadata)
+    SELECT (SELECT slot FROM awa.ring), id, kind, queue, args, priority, max_attempts,
+           coalesce(run_at, now()), tags, metadata
     FROM routed WHERE ring ORDER BY id
     RETURNING *
 ), {{ring_lane_known}}, to_jobs AS (
@@ -390,5 +392,6 @@ SELECT DISTINCT q, p FROM unnest($1::text[], $2::smallint[]) AS u(q, p)
 ON CONFLICT DO NOTHING
 
 -- name: ring_takes_inserts
--- Whether plain jobs are enqueued into the append-only lane (migration 0020).
-SELECT enqueue FROM awa.ring
+-- Whether plain jobs are enqueued into the append-only lane (migration 0020),
+-- and the slot they go to.
+SELECT enqueue, slot FROM awa.ring

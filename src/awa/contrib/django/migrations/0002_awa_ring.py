@@ -1,4 +1,4 @@
-"""Awa's schema brought to its append-only lane (Awa migration 0020), via Awa's migrations."""
+"""Awa's schema brought to its append-only lane (Awa migrations 0020-0021), via Awa's migrations."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.db import migrations
 
 from awa.contrib.django.schema import migrate_for_connection
 
-AWA_SCHEMA_VERSION = 20
+AWA_SCHEMA_VERSION = 21
 
 
 class Migration(migrations.Migration):  # type: ignore[misc]

@@ -53,7 +53,8 @@ $$;
 -- attempt: attempts already made. The other columns are awa.jobs's.
 CREATE TABLE awa.ready (
     slot         smallint NOT NULL DEFAULT awa.ring_slot(),
-    id           bigint NOT NULL DEFAULT nextval(pg_get_serial_sequence('awa.jobs', 'id')),
+    -- awa.jobs's own id sequence, named (pg_get_serial_sequence would look it up per row).
+    id           bigint NOT NULL DEFAULT nextval('awa.jobs_id_seq'::regclass),
     queue        awa.name_200 NOT NULL,
     priority     awa.job_priority NOT NULL,
     xid          xid8 NOT NULL DEFAULT pg_current_xact_id(),
