@@ -10,6 +10,7 @@ each path through a real worker and check what the database then holds.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -176,3 +177,23 @@ async def test_a_claim_refuses_to_run_in_repeatable_read(
     async with ring.transaction(isolation="repeatable_read"):
         with pytest.raises(asyncpg.PostgresError, match="READ COMMITTED"):
             await ring.fetch(queries()["attempt_claim"], "default", 1, 0.0, 0.0)
+
+
+async def test_the_switch_decides_where_plain_jobs_go(database_url: str,
+                                                     client: awa.AsyncClient,
+                                                     conn: asyncpg.Connection) -> None:
+    """`awa storage ring on|off` (and `set_ring_enqueue`) decide where the next plain
+    jobs go; `storage status` says which; a non-bool is refused before any write."""
+    from tests.test_cli import awa_cli
+
+    assert awa_cli(database_url, "storage", "ring", "on").returncode == 0
+    assert json.loads(awa_cli(database_url, "storage", "status").stdout)["ring_enqueue"]
+    ring_job = await client.insert(Work(1))
+    await client.set_ring_enqueue(False)
+    assert json.loads(await client.storage_status())["ring_enqueue"] is False
+    mutable_job = await client.insert(Work(2))
+    assert await conn.fetchval("SELECT count(*) FROM awa.ready WHERE id = $1", ring_job.id) == 1
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1",
+                               mutable_job.id) == 1
+    with pytest.raises(awa.ValidationError, match="on"):
+        await client.set_ring_enqueue("yes")  # type: ignore[arg-type]

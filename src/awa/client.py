@@ -180,6 +180,16 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         validate.check_int("lease_slot_count", lease_slot_count, 1, 4096)
         await self.migrate()
 
+    async def set_ring_enqueue(self, on: bool) -> None:
+        """Enqueue plain jobs into the append-only lane from now on (``on``), or into
+        awa.jobs. Switch it on once every worker runs this release: older workers
+        claim only awa.jobs (docs/storage.md, "Switching it on, and upgrading")."""
+        if not isinstance(on, bool):
+            raise ValidationError("on", "must be a bool")
+        pool = await self.pool()
+        with translated():
+            await pool.execute(self._q["ring_enqueue_set"], on)
+
     async def storage_status(self) -> str:
         """A JSON description of this database's Awa storage."""
         pool = await self.pool()

@@ -270,6 +270,7 @@ class Client:
     resume_cron_job = _delegate(AsyncClient.resume_cron_job)
     trigger_cron_job = _delegate(AsyncClient.trigger_cron_job)
     storage_status = _delegate(AsyncClient.storage_status)
+    set_ring_enqueue = _delegate(AsyncClient.set_ring_enqueue)
     set_queue_override = _delegate(AsyncClient.set_queue_override)
     queue_overrides = _delegate(AsyncClient.queue_overrides)
     clear_queue_override = _delegate(AsyncClient.clear_queue_override)

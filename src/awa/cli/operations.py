@@ -267,7 +267,17 @@ def dlq_purge(obj: dict[str, Any], kind: str | None, queue: str | None, tag: str
 
 @main.group()
 def storage() -> None:
-    """Storage status (one storage design here; awa-pg's transitions do not apply)."""
+    """Storage status, and where plain jobs are enqueued (docs/storage.md)."""
+
+
+@storage.command("ring")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@click.pass_obj
+def storage_ring(obj: dict[str, Any], state: str) -> None:
+    """Enqueue plain jobs into the append-only lane (on) or into awa.jobs (off).
+    Switch it on once every worker runs this release."""
+    run_with_client(obj, lambda c: c.set_ring_enqueue(state == "on"))
+    click.echo(f"plain jobs are enqueued into {'the ring' if state == 'on' else 'awa.jobs'}")
 
 
 @storage.command("status")
