@@ -26,6 +26,7 @@ class Work:
 #: testing harness's), with its arguments after the queue name.
 CLAIMS = {
     "attempt_claim": ("default", 4, 0.0, 0.0),
+    "attempt_claim_mutable": ("default", 4, 0.0, 0.0),
     "attempt_claim_keyed_only": ("keyed", 4, 0.0, 0.0, ""),
     "attempt_claim_keyed_chunk": ("keyed", 4, 0.0, 0.0, ""),
     "attempt_claim_keyed": ("keyed", 4, 0.0, 0.0, "", 500),

@@ -33,6 +33,7 @@ from awa.core.options import EnqueueOptions
 from awa.core.results import InsertedJob
 from awa.db import dsn, migrations
 from awa.db.errors import translated
+from awa.db.lanes import Lanes
 from awa.db.pool import Conn, close_pool_within, create_pool, resolve_database_url
 from awa.db.queries import Queries, queries
 from awa.enqueue.pacing import Pacer
@@ -76,6 +77,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             dsn.check_url(os.environ["DATABASE_URL"], "$DATABASE_URL")
         self._max_connections = max_connections
         self._q: Queries = queries(schema)
+        self._lanes = Lanes(self._q)  # where plain jobs go (migration 0020), cached
         self._pool: asyncpg.Pool | None = None
         self._pool_lock = asyncio.Lock()
         self.retention_cancelled = states.FAILED_RETENTION
@@ -93,7 +95,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         """The enqueue pipeline on this client's producer connection (its routing,
         waiter and depth record)."""
         return Pipeline(self._q, self._producer, router=self._registry.queue_for,
-                        waiter=self.wait_for, seen=self._record_depths)
+                        waiter=self.wait_for, seen=self._record_depths, lanes=self._lanes)
 
     @property
     def schema(self) -> str:
@@ -189,6 +191,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         pool = await self.pool()
         with translated():
             await pool.execute(self._q["ring_enqueue_set"], on)
+        self._lanes = Lanes(self._q)  # this client sees the switch at once
+        self._enqueue = self._pipeline()
 
     async def storage_status(self) -> str:
         """A JSON description of this database's Awa storage."""

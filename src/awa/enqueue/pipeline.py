@@ -31,6 +31,7 @@ from typing import Any, cast
 from awa.core.backpressure import QueueDepth, count_cap
 from awa.core.options import CALL_OPTIONS, EnqueueOptions
 from awa.core.results import AsyncWaiter, InsertedJob
+from awa.db.lanes import Lanes
 from awa.db.pool import Conn
 from awa.db.queries import Queries
 from awa.enqueue import dependencies, producer
@@ -109,6 +110,7 @@ class Pipeline:
     router: Router | None = None  #: the queue of a kind's task, for jobs naming none
     waiter: AsyncWaiter | None = None  #: what ``job.wait()`` calls
     seen: Callable[[Depths], object] | None = None  #: told every depth measured
+    lanes: Lanes | None = None  #: whether the ring takes inserts (None: always route)
 
     async def insert(self, args: Any, opts: EnqueueOptions) -> InsertedJob:
         """Enqueue one job; `UniqueConflict` if its unique key is taken."""
@@ -117,7 +119,8 @@ class Pipeline:
         async with self.connect() as conn:
             depths = {} if e.backpressure == "off" else await self._measure(conn, e)
             if e.parents is None:
-                inserted = await producer.insert_one(conn, self.q, job, InsertedJob)
+                ring = self.lanes is None or await self.lanes.enqueue(conn)
+                inserted = await producer.insert_one(conn, self.q, job, InsertedJob, ring)
             else:
                 ids, policy = cast(Parents, e.parents[0])
                 inserted = await dependencies.insert_after(conn, self.q, job, ids, policy,

@@ -26,6 +26,7 @@ import asyncpg
 from awa.core.model import ClaimDecoder, Job
 from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
 from awa.core.waiting import wait_signal
+from awa.db.lanes import Lanes
 from awa.db.pool import HeldConnection
 from awa.db.queries import Queries
 from awa.telemetry import otel as telemetry
@@ -70,6 +71,8 @@ class Dispatcher:
         self._failures = FailureLog(log)
         #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
         self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None)
+        #: Whether claims must read the ring too (else awa.jobs alone is cheaper).
+        self.lanes = Lanes(q)
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
         """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
@@ -215,8 +218,9 @@ class Dispatcher:
                     if self.keys.active or probe:
                         keyed = await self.keys.claim(self._db, name, want, deadline, aging)
                     else:
-                        rows = await self._db.fetch(self._q["attempt_claim"], name, want,
-                                                    deadline, aging)
+                        claim = "attempt_claim" if await self.lanes.in_use(self._db) \
+                            else "attempt_claim_mutable"
+                        rows = await self._db.fetch(self._q[claim], name, want, deadline, aging)
                     telemetry.claim_round(name, time.perf_counter() - started)
                     self.claim_failures, self.last_claim_error = 0, None
                     self._failures.ok(f"claim from {name!r}")

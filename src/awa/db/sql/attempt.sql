@@ -37,6 +37,62 @@ j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts,
 -- are left to attempt_claim_keyed (concurrency.sql). Durable, as every claim.
 SELECT * FROM awa.claim($1::text, $2::int, $3::float8, $4::float8)
 
+-- name: attempt_claim_mutable
+-- attempt_claim where the ring is off and has never held a job (awa.db.lanes):
+-- awa.jobs alone, one statement. (What attempt_claim was before migration 0020.)
+-- Up to $2 jobs of queue $1, most urgent first after aging ($4 = aging
+-- interval in seconds, 0 = off), FIFO within a priority. The best candidates
+-- of each raw priority are its oldest, so four short index scans find the
+-- exact top $2. SKIP LOCKED: no job is ever handed to two claimers.
+-- Keyed jobs (concurrency_key) are left to attempt_claim_keyed, which gives
+-- each a slot of its key (concurrency.sql).
+-- The claim commits durably (claim_durably).
+WITH open AS (
+    SELECT {{claim_durably}}
+           AND NOT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1 AND paused) AS ok
+), c1 AS (
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 1 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c2 AS (
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 2 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c3 AS (
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 3 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), c4 AS (
+    SELECT id, priority, run_at, ordering_key FROM awa.jobs
+    WHERE state = 'available' AND queue = $1 AND priority = 4 AND concurrency_key IS NULL
+      AND (SELECT ok FROM open)
+    ORDER BY run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM (SELECT * FROM c1 UNION ALL SELECT * FROM c2
+                    UNION ALL SELECT * FROM c3 UNION ALL SELECT * FROM c4) c
+    -- A job with an ordering key waits for every earlier unfinished job with that key.
+    WHERE c.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM awa.jobs r
+        WHERE r.queue = $1 AND r.ordering_key = c.ordering_key AND r.id < c.id)
+    -- Ages are float8 epoch differences: they cannot fail on any stored time.
+    ORDER BY CASE WHEN $4::float8 > 0
+                  THEN greatest(1, priority - floor((date_part('epoch', now())
+                                                     - date_part('epoch', run_at)) / $4))
+                  ELSE priority END,
+             run_at, id
+    LIMIT $2
+)
+UPDATE awa.jobs j
+SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+    attempted_at = now(), heartbeat_at = now(),
+    deadline_at = CASE WHEN $3::float8 > 0 THEN now() + make_interval(secs => $3) END
+FROM picked WHERE j.id = picked.id
+-- (claimed_row: only what a running job can hold; see the fragment.)
+RETURNING {{claimed_row}}
+
 -- name: attempt_unclaim
 -- Jobs claimed ahead that never started (the worker is stopping): available
 -- again in their old place, their attempt not counted, other workers woken.

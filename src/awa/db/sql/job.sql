@@ -39,6 +39,17 @@ SELECT * FROM to_jobs
 UNION ALL
 SELECT j.* FROM to_ring r CROSS JOIN LATERAL awa.ready_job(r) j
 
+-- name: job_insert_one_mutable
+-- job_insert_one where the ring takes no inserts (awa.db.lanes): into awa.jobs,
+-- without the routing.
+INSERT INTO awa.jobs (kind, queue, args, state, run_at, priority, max_attempts, tags,
+                      metadata, unique_key, unique_states, ordering_key, concurrency_key,
+                      concurrency_limit)
+SELECT $1, $2, $3::text::jsonb,
+       CASE WHEN $4::timestamptz > now() THEN 'scheduled' ELSE 'available' END::awa.job_state,
+       coalesce($4::timestamptz, now()), $5, $6, $7, $8::text::jsonb, $9, $10, $11, $12, $13
+RETURNING id, state, created_at
+
 -- name: job_insert_one
 -- The single-insert path: the caller holds every value it sent, so only what
 -- the server chose comes back (a job due now has run_at = created_at).
