@@ -390,16 +390,22 @@ FROM generate_series(1, $1) g
 
 -- fragment: ring_lane_known
 -- The lanes of the jobs to_ring inserted, made known to claims (awa.ring_lanes).
+-- Only a lane not known yet is inserted: ON CONFLICT would wait for another
+-- open transaction that inserted the same new lane, where a known lane (the
+-- steady state) costs one index probe and never waits.
 lanes AS (
     INSERT INTO awa.ring_lanes (queue, priority)
-    SELECT DISTINCT queue, priority FROM to_ring
+    SELECT DISTINCT r.queue, r.priority FROM to_ring r
+    WHERE NOT EXISTS (SELECT 1 FROM awa.ring_lanes l
+                      WHERE l.queue = r.queue AND l.priority = r.priority)
     ON CONFLICT DO NOTHING
 )
 
 -- name: ring_lanes_known
 -- The lanes ($1 queues, $2 priorities) a COPY into the ring fills, made known.
 INSERT INTO awa.ring_lanes (queue, priority)
-SELECT DISTINCT q, p FROM unnest($1::text[], $2::smallint[]) AS u(q, p)
+SELECT DISTINCT u.q, u.p FROM unnest($1::text[], $2::smallint[]) AS u(q, p)
+WHERE NOT EXISTS (SELECT 1 FROM awa.ring_lanes l WHERE l.queue = u.q AND l.priority = u.p)
 ON CONFLICT DO NOTHING
 
 -- name: ring_takes_inserts

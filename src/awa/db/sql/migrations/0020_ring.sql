@@ -74,8 +74,10 @@ CREATE INDEX ready_id_idx ON awa.ready (id);
 
 -- The ring lanes (queue, priority) that ever took a job: a claim walks only
 -- these (most queues use one priority, and each lane walked is a query).
--- Producers add their lane as they insert (ON CONFLICT DO NOTHING: once a
--- lane is known, that writes nothing); nothing deletes a row.
+-- Producers add their lane in the transaction that inserts into it, only when
+-- it is not known yet (job.sql, ring_lane_known); nothing deletes a row. Two
+-- open transactions inserting the first jobs of the same new lane wait for
+-- one another (the primary key), once per lane ever.
 CREATE TABLE awa.ring_lanes (
     queue    text NOT NULL,
     priority smallint NOT NULL,
@@ -434,17 +436,32 @@ BEGIN
                 ticks[p] := w_tick[e]; xs[p] := w_xid[e]; ids[p] := w_id[e];
             END IF;
             IF skipped = 0 THEN
-                t_slot := t_slot || w_slot[first[p]:e]; t_id := t_id || w_id[first[p]:e];
-                t_lease := t_lease || w_lease[first[p]:e];
+                a_slot := w_slot[first[p]:e]; a_id := w_id[first[p]:e];
+                a_lease := w_lease[first[p]:e];
             ELSE
-                SELECT t_slot || array_agg(u.s ORDER BY u.o), t_id || array_agg(u.i ORDER BY u.o),
-                       t_lease || array_agg(u.l ORDER BY u.o),
-                       passed + (e - first[p] + 1) - count(*)
-                INTO t_slot, t_id, t_lease, passed
+                SELECT array_agg(u.s ORDER BY u.o), array_agg(u.i ORDER BY u.o),
+                       array_agg(u.l ORDER BY u.o), passed + (e - first[p] + 1) - count(*)
+                INTO a_slot, a_id, a_lease, passed
                 FROM unnest(w_slot[first[p]:e], w_id[first[p]:e], w_lease[first[p]:e],
                             w_skip[first[p]:e]) WITH ORDINALITY u(s, i, l, c, o)
                 WHERE NOT u.c;
             END IF;
+            t_slot := t_slot || a_slot; t_id := t_id || a_id; t_lease := t_lease || a_lease;
+            -- The lane's rows, in the order taken (lanes in order of urgency).
+            RETURN QUERY
+                SELECT w.id, w.kind::text, w.queue::text, w.args::jsonb, w.priority::smallint,
+                       (w.attempt + 1)::smallint, w.max_attempts::smallint, w.lease_base + 1,
+                       date_part('epoch', w.run_at), date_part('epoch', w.created_at),
+                       date_part('epoch', now()), date_part('epoch', deadline),
+                       nullif(w.tags::text[], '{}'), nullif(w.metadata, '{}'), w.errors,
+                       NULL::jsonb, NULL::bytea, NULL::text, rslot
+                FROM unnest(a_slot, a_id, a_lease) WITH ORDINALITY u(s, i, l, o)
+                -- Each row by its slot and id (one partition, one index probe), not a
+                -- join the planner might make by scanning the ring.
+                CROSS JOIN LATERAL (SELECT * FROM awa.ready r
+                                    WHERE r.slot = u.s AND r.id = u.i AND r.lease_base = u.l
+                                    LIMIT 1) w
+                ORDER BY u.o;
             settled[p] := true;
             want := want - k;
         ELSE
@@ -496,20 +513,6 @@ BEGIN
     INSERT INTO awa.receipts (slot, id, run_lease, queue, ready_slot, deadline_at)
     SELECT rslot, u.i, u.l + 1, p_queue, u.s, deadline
     FROM unnest(t_id, t_lease, t_slot) AS u(i, l, s);
-    RETURN QUERY
-        SELECT w.id, w.kind::text, w.queue::text, w.args::jsonb, w.priority::smallint,
-               (w.attempt + 1)::smallint, w.max_attempts::smallint, w.lease_base + 1,
-               date_part('epoch', w.run_at), date_part('epoch', w.created_at),
-               date_part('epoch', now()), date_part('epoch', deadline),
-               nullif(w.tags::text[], '{}'), nullif(w.metadata, '{}'), w.errors,
-               NULL::jsonb, NULL::bytea, NULL::text, rslot
-        FROM unnest(t_slot, t_id, t_lease) WITH ORDINALITY u(s, i, l, o)
-        -- Each row by its slot and id (one partition, one index probe), not a join
-        -- the planner might make by scanning the ring.
-        CROSS JOIN LATERAL (SELECT * FROM awa.ready r
-                            WHERE r.slot = u.s AND r.id = u.i AND r.lease_base = u.l
-                            LIMIT 1) w
-        ORDER BY u.o;
 END $$;
 
 -- Move open ring attempts (slot, id, lease) into the mutable lane: a `moved`
