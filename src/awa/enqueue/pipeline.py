@@ -31,6 +31,7 @@ from typing import Any, cast
 from awa.core.backpressure import QueueDepth, count_cap
 from awa.core.options import CALL_OPTIONS, EnqueueOptions
 from awa.core.results import AsyncWaiter, InsertedJob
+from awa.db.errors import translated
 from awa.db.lanes import Lanes
 from awa.db.pool import Conn
 from awa.db.queries import Queries
@@ -119,7 +120,8 @@ class Pipeline:
         async with self.connect() as conn:
             depths = {} if e.backpressure == "off" else await self._measure(conn, e)
             if e.parents is None:
-                ring = self.lanes is None or await self.lanes.enqueue(conn)
+                with translated():  # an unmigrated schema says so, as the insert would
+                    ring = self.lanes is None or await self.lanes.enqueue(conn)
                 inserted = await producer.insert_one(conn, self.q, job, InsertedJob, ring)
             else:
                 ids, policy = cast(Parents, e.parents[0])
