@@ -253,9 +253,6 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
         settings["idle_in_transaction_session_timeout"] = \
             f"{round(idle_in_transaction_timeout * 1000)}ms"
     if plans is not None and not pooled:
-        # Claims need it (awa.claim refuses any other level): a database whose
-        # default is stricter must not make the workers' claims fail.
-        settings["default_transaction_isolation"] = "read committed"
         settings["jit"] = "off"
         if plans == "custom":
             settings["plan_cache_mode"] = "force_custom_plan"
