@@ -305,7 +305,6 @@ DECLARE
     lanes    record;
     rslot    smallint;
     known    smallint[];
-    a_tick   bigint[];
     a_slot   smallint[];
     a_id     bigint[];
     a_lease  bigint[];
