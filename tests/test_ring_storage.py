@@ -411,3 +411,19 @@ async def test_a_paused_queue_claims_nothing(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval(AVAILABLE, 100) == 1  # still there, only not claimed
     await pool.execute("UPDATE awa.queues SET paused = false WHERE queue = 'q'")
     assert {r["id"] for r in await claim(pool, 10)} == jobs
+
+
+async def test_throughput_counts_are_only_inserted(pool: asyncpg.Pool) -> None:
+    """Each flush of a worker's counts adds rows (migration 0022): nothing is updated,
+    so a held xmin horizon keeps no dead row versions there; readers sum the rows."""
+    from awa.db.queries import Queries
+
+    add = Queries()["throughput_add"]
+    for completed, failed in ((3, 1), (4, 0)):
+        await pool.execute(add, ["q"], [completed], [failed], 7, [completed], [1.0], [2.0])
+    rows = await pool.fetch("SELECT completed, failed, xmax::text FROM awa.queue_throughput "
+                            "WHERE queue = 'q' AND shard = 7 ORDER BY completed")
+    assert [(r["completed"], r["failed"], r["xmax"]) for r in rows] == [(3, 1, "0"), (4, 0, "0")]
+    series = await pool.fetch(Queries()["ui_series"], 5, "q")
+    assert [(r["completed"], r["failed"], r["wait_count"]) for r in series] in (
+        [(7, 1, 7)], [(3, 1, 3), (4, 0, 4)])  # the two flushes may straddle a minute

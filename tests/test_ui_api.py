@@ -25,7 +25,7 @@ async def test_pages_show_real_data(client: awa.AsyncClient) -> None:
         assert [f["id"] for f in o["recent_failures"]] == [s.failed_id]
         assert "does not exist" in o["recent_failures"][0]["error"]
 
-        async def charted() -> bool:  # outcome counts are flushed about once a second
+        async def charted() -> bool:  # outcome counts are flushed every few seconds
             nonlocal o
             o = (await call(f"{base}/api/overview"))[1]
             return sum(p["completed"] for p in o["series"]) >= 1

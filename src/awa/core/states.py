@@ -167,9 +167,13 @@ CLAIM_PLAN_LIFETIME = timedelta(seconds=2)
 #: How often the leader checks awa.jobs for dead tuples (and vacuums it past a threshold).
 VACUUM_CHECK_INTERVAL = timedelta(seconds=5)
 #: How often the leader moves the append-only lane's ring on and reclaims its
-#: spent slots (docs/storage.md, "Rotation and reclamation"): 16 slots of 30 s
-#: hold 8 minutes of history before a slot has to be spent to move on.
+#: spent slots (docs/storage.md, "Rotation and reclamation"): 4 slots of 30 s
+#: hold two minutes of history before a slot has to be spent to move on.
 RING_ROTATE_INTERVAL = timedelta(seconds=30)
+#: How often a worker process writes its outcome counts and pickup latencies
+#: (one new awa.queue_throughput row per queue; rows are never updated, so a
+#: held xmin horizon keeps nothing alive there, and fewer rows read faster).
+THROUGHPUT_FLUSH_INTERVAL = timedelta(seconds=5)
 #: How long a reclaim waits for a slot's table before leaving it for the next
 #: pass: the only pause the ring's upkeep can cause claims and completions.
 RING_RECLAIM_LOCK_TIMEOUT = timedelta(milliseconds=200)

@@ -35,6 +35,7 @@ import asyncpg
 from awa.core import validate
 from awa.core.model import Outcome
 from awa.core.outcomes import OUTCOMES
+from awa.core.states import THROUGHPUT_FLUSH_INTERVAL
 from awa.db.errors import translated
 from awa.db.pool import Conn, HeldConnection
 from awa.db.queries import Queries
@@ -114,7 +115,7 @@ class Completer:
         self._counts_task = asyncio.create_task(self._count_flusher(), name="awa-counts")
 
     def count(self, queue: str, outcome: str) -> None:
-        """Count a committed outcome for throughput stats (written about once a second)."""
+        """Count a committed outcome for throughput stats (written every few seconds)."""
         key = (queue, outcome == "completed")
         self._counts[key] = self._counts.get(key, 0) + 1
 
@@ -149,7 +150,7 @@ class Completer:
 
     async def _count_flusher(self) -> None:
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(THROUGHPUT_FLUSH_INTERVAL.total_seconds())
             await self.flush_counts()
 
     @property

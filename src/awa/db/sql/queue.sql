@@ -132,19 +132,15 @@ WHERE j.queue = $1 AND j.state IN ('scheduled', 'retryable')
                   WHERE d.child_id = j.id AND d.resolved_at IS NULL)
 
 -- name: throughput_add
--- Outcome counts and pickup latencies a worker process accumulated, added to
--- this minute's row of its own shard (written about once a second, never
--- inside a job's transaction).
-INSERT INTO awa.queue_throughput AS t
+-- Outcome counts and pickup latencies a worker process accumulated, as new
+-- rows for this minute (one per queue; written every few seconds, never
+-- inside a job's transaction). Only INSERTs: readers sum the rows, and no
+-- row version dies until the retention sweep (migration 0022).
+INSERT INTO awa.queue_throughput
     (queue, minute, shard, completed, failed, wait_count, wait_ms_sum, wait_ms_max)
 SELECT q, date_trunc('minute', now()), $4, c, f, wc, ws, wm
 FROM unnest($1::text[], $2::bigint[], $3::bigint[], $5::bigint[], $6::float8[], $7::float8[])
     AS u(q, c, f, wc, ws, wm)
-ON CONFLICT (queue, minute, shard)
-DO UPDATE SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed,
-              wait_count = t.wait_count + EXCLUDED.wait_count,
-              wait_ms_sum = t.wait_ms_sum + EXCLUDED.wait_ms_sum,
-              wait_ms_max = greatest(t.wait_ms_max, EXCLUDED.wait_ms_max)
 
 -- name: queue_unserved_kinds
 -- Kinds of $1 with available jobs in queues that no worker seen in the last
