@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
-from tests.helpers import wait_until
+from tests.helpers import TO_MUTABLE, wait_until
 from tests.test_telemetry import Otel, otel  # noqa: F401  (the fixture)
 
 import awa
@@ -300,7 +300,7 @@ async def test_unique_conflict_validation_and_database_errors(
         await tx.app_row("still usable")  # the savepoint kept the transaction alive
         await tx.end(True)
     assert (await client.get_job(first["id"])).state is awa.JobState.Available
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 1
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 1
     assert await app_rows(conn) == ["still usable"]
 
     async with family(app_db) as tx:  # database errors are translated too
@@ -309,10 +309,12 @@ async def test_unique_conflict_validation_and_database_errors(
         with pytest.raises(awa.DatabaseError, match="aborted"):  # as Postgres dictates
             await tx.insert(Email("w@example.com"))
         await tx.end(False)
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 1
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 1
 
 
 async def _finish(conn: asyncpg.Connection, job_id: int, state: str = "completed") -> None:
+    """Finish an active job the way the runtime's statements do (a move to jobs_done)."""
+    await conn.execute(TO_MUTABLE, job_id)  # a ring job moves to awa.jobs first
     await conn.execute(
         "WITH moved AS (DELETE FROM awa.jobs j WHERE j.id = $1 RETURNING j) "
         "INSERT INTO awa.jobs_done SELECT f.* FROM moved m, "
@@ -372,7 +374,7 @@ async def test_after_outside_a_transaction_is_atomic(database_url: str,
         with pytest.raises(awa.ValidationError, match="after"):
             insert_job_sync(sync_conn, Email("x@example.com"), after=[10_000_000])
         assert (await client.get_job(parent.id)).metadata == {}
-        assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 1
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 1
         child = await insert_job(own, Email("c@example.com"), after=[parent.id])
         other = insert_job_sync(sync_conn, Email("d@example.com"), after=[parent.id])
         assert not own.is_in_transaction()
@@ -430,7 +432,7 @@ async def test_backpressure_in_the_callers_transaction(
             await tx.insert(Email("v@example.com"), backpressure="sometimes")
         await tx.end(True)  # QueueFull left the transaction usable
     assert await app_rows(conn) == ["mine"]
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE queue = 'mail'") == 7
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all WHERE queue = 'mail'") == 7
     assert otel.value("awa.enqueue.signalled", kind="email", queue="mail") == 1
     assert otel.value("awa.enqueue.rejected", kind="email", queue="mail") == 2
 
@@ -479,7 +481,7 @@ def test_django_autocommit_alias(database_url: str) -> None:
             insert_job_sync(conn, Email("d@example.com"), unique_opts={})
         assert info.value.conflicting_job_id == first["id"]
         with conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM awa.jobs")
+            cur.execute("SELECT count(*) FROM awa.jobs_all")
             assert cur.fetchone() == (1,)
     finally:
         conn.close()
