@@ -26,8 +26,8 @@ async def test_transaction_commits_with_app_rows(client: awa.AsyncClient,
         assert await tx.fetch_one("SELECT count(*) AS n FROM orders") == {"n": 1}
         assert await tx.fetch_optional("SELECT * FROM orders WHERE id = 99") is None
         assert await tx.fetch_all("SELECT id FROM orders") == [{"id": 1}]
-        assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0  # not yet visible
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 3
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 0  # not yet visible
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 3
     assert (await client.get_job(job.id)).args == {"id": 1} and len(jobs) == 2
 
 
@@ -39,7 +39,7 @@ async def test_transaction_rolls_back_on_error(client: awa.AsyncClient,
             await tx.execute("INSERT INTO orders VALUES (1)")
             await tx.insert(Order(1))
             raise RuntimeError("boom")
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 0
     assert await conn.fetchval("SELECT count(*) FROM orders") == 0
 
 
@@ -51,7 +51,7 @@ async def test_awaited_transaction_explicit_commit_and_rollback(
     async with await client.transaction() as tx2:
         await tx2.insert(Order(2))
         await tx2.commit()
-    assert await conn.fetchval("SELECT count(*) FROM awa.jobs") == 1
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_all") == 1
     with pytest.raises(awa.AwaError):
         async with client.transaction() as tx3:
             await tx3.fetch_one("SELECT 1 WHERE false")
@@ -64,7 +64,7 @@ def test_sync_client_round_trip(sync_client: awa.Client) -> None:
     assert sync_client.enqueue_many_copy([Order(4)]) == 1
     with sync_client.transaction() as tx:
         tx.insert(Order(5))
-        assert tx.fetch_one("SELECT count(*) AS n FROM awa.jobs")["n"] == 5
+        assert tx.fetch_one("SELECT count(*) AS n FROM awa.jobs_all")["n"] == 5
     with pytest.raises(ZeroDivisionError), sync_client.transaction() as tx:
         tx.insert(Order(6))
         raise ZeroDivisionError

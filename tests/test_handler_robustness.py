@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import FAST, ROOT, SUBPROCESS_PATH, wait_for_state, wait_until
+from tests.helpers import FAST, ROOT, SUBPROCESS_PATH, TO_MUTABLE, wait_for_state, wait_until
 from tests.ui_helpers import call, serving
 
 import awa
@@ -90,10 +90,12 @@ async def test_the_job_page_cuts_each_error(client: awa.AsyncClient) -> None:
     job = await client.insert({"n": 1}, kind="k")
     pool = await client.pool()
     huge = "y" * (4 * states.ERROR_TEXT_MAX)
-    await pool.execute(
+    await pool.execute(TO_MUTABLE, job.id)  # a ring job moves to awa.jobs first
+    assert await pool.execute(
         "UPDATE awa.jobs SET errors = jsonb_build_array(jsonb_build_object("
         "'error', $2::text, 'attempt', 1, 'at', now()), jsonb_build_object("
-        "'error', 'short', 'attempt', 2, 'at', now())) WHERE id = $1", job.id, huge)
+        "'error', 'short', 'attempt', 2, 'at', now())) WHERE id = $1", job.id, huge) \
+        == "UPDATE 1"
     async with serving(ui_app(client=client)) as base:
         status, detail = await call(f"{base}/api/jobs/{job.id}")
         assert status == 200

@@ -34,7 +34,7 @@ def _nested(depth: int) -> Any:
 
 
 async def _count(conn: asyncpg.Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM awa.jobs"))
+    return int(await conn.fetchval("SELECT count(*) FROM awa.jobs_all"))
 
 
 @pytest.mark.parametrize("run_at", EXTREMES)

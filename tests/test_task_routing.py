@@ -45,7 +45,7 @@ async def test_jobs_go_to_the_queue_their_task_serves(client: awa.AsyncClient,
     async with client.transaction() as tx:
         assert (await tx.insert(Audit("h"))).queue == "audit"
     counts = {r["queue"]: r["n"] for r in await conn.fetch(
-        "SELECT queue, count(*) AS n FROM awa.jobs GROUP BY queue")}
+        "SELECT queue, count(*) AS n FROM awa.jobs_all GROUP BY queue")}
     assert counts == {"email": 4, "audit": 2, "urgent": 1, "default": 1, "other": 1}
 
     await client.start([("email", 2)], **FAST)
@@ -53,7 +53,7 @@ async def test_jobs_go_to_the_queue_their_task_serves(client: awa.AsyncClient,
         assert await conn.fetchval("SELECT queue FROM awa.cron_jobs WHERE name = 'mail'") \
             == "email"
         await wait_until(lambda: conn.fetchval(
-            "SELECT count(*) = 6 FROM awa.jobs WHERE kind = 'audit' AND queue = 'audit'"))
+            "SELECT count(*) = 6 FROM awa.jobs_all WHERE kind = 'audit' AND queue = 'audit'"))
     finally:
         await client.shutdown()
 
