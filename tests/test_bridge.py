@@ -31,8 +31,10 @@ from tests.test_telemetry import Otel, otel  # noqa: F401  (the fixture)
 
 import awa
 from awa.core import states
-from awa.core.model import PUBLIC_FIELDS
+from awa.core.model import PUBLIC_FIELDS, Outcome
+from awa.db.queries import queries
 from awa.enqueue.bridge import insert_job, insert_job_sync, to_paramstyle
+from awa.worker.completion import Completer
 
 
 @dataclass
@@ -408,6 +410,40 @@ async def test_after_parent_lock_on_the_callers_connection(database_url: str,
     finally:
         app.close()
         await finisher.close()
+    assert (await client.get_job(child["id"])).state is awa.JobState.Available
+
+
+async def test_after_a_running_parent_on_the_callers_connection(database_url: str,
+                                                                client: awa.AsyncClient,
+                                                                conn: asyncpg.Connection) -> None:
+    """The worker's completion of a running parent, while the caller's transaction
+    holds a child of it, waits for that commit, then releases the child. With the
+    ring on, the insert moved the open attempt to awa.jobs; the completion's closure
+    loses to that move once it commits, and the job is finished there."""
+    parent = await client.insert(Email("p@example.com"))
+    pool = await client.pool()
+    [claimed] = await pool.fetch(queries()["attempt_claim"], "default", 1, 0.0, 60.0)
+    assert claimed["id"] == parent.id
+    completer = Completer(pool, queries(), completed_retention=timedelta(days=1),
+                          failed_retention=timedelta(days=1))
+    app = psycopg.connect(database_url)  # a transaction opens implicitly
+    try:
+        child = insert_job_sync(app, Email("c@example.com"), after=[parent.id])
+        done = asyncio.create_task(completer.write(
+            parent.id, claimed["run_lease"], Outcome("completed"), slot=claimed["receipt_slot"]))
+
+        async def blocked() -> bool:
+            return bool(await conn.fetchval(
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"))
+
+        await wait_until(blocked, message="the parent's completion to wait for the insert")
+        assert not done.done()
+        app.commit()
+        assert await asyncio.wait_for(done, 30)
+    finally:
+        app.close()
+    assert (await client.get_job(parent.id)).state is awa.JobState.Completed
     assert (await client.get_job(child["id"])).state is awa.JobState.Available
 
 
