@@ -323,27 +323,35 @@ class Completer:
         closure lost to a move into the mutable lane committed while the batch waited
         for it is finished there by a second statement, which sees the move (the
         first one's DELETE read awa.jobs before the wait)."""
-        q, keep = self._q["attempt_complete_batch"], self._completed_retention
-        rows = list(await db.fetch(q, ids, leases, outputs, keep, slots, timeout=timeout))
-        if slots is None or len(rows) == len(ids):
+        keep, mutable = self._completed_retention, self._q["attempt_complete_batch_mutable"]
+        if slots is None or all(s is None for s in slots):
+            return list(await db.fetch(mutable, ids, leases, outputs, keep, timeout=timeout))
+        rows = list(await db.fetch(self._q["attempt_complete_batch"], ids, leases, outputs, keep,
+                                   slots, timeout=timeout))
+        if len(rows) == len(ids):
             return rows
         done = {r["id"] for r in rows}
         again = [n for n, (i, s) in enumerate(zip(ids, slots, strict=True))
                  if s is not None and i not in done]
         if again:
-            rows += await db.fetch(q, [ids[n] for n in again], [leases[n] for n in again],
+            rows += await db.fetch(mutable, [ids[n] for n in again], [leases[n] for n in again],
                                    None if outputs is None else [outputs[n] for n in again],
-                                   keep, None, timeout=timeout)
+                                   keep, timeout=timeout)
         return rows
 
     async def _fetch_outcome(self, db: Conn | asyncpg.Pool, sql: str, args: tuple[object, ...],
                              timeout: float | None = None) -> Any:
         """One outcome statement's row (None: stale). A ring attempt's completion that
         lost to a move into the mutable lane is written there (see `_complete_rows`)."""
-        row = await db.fetchrow(sql, *args, timeout=timeout)
-        if row is None and sql == self._q["attempt_complete_batch"] and args[4] != [None]:
-            row = await db.fetchrow(sql, *args[:4], None, timeout=timeout)
-        return row
+        if sql == self._q["attempt_complete_batch"]:
+            mutable = self._q["attempt_complete_batch_mutable"]
+            if args[4] == [None]:
+                return await db.fetchrow(mutable, *args[:4], timeout=timeout)
+            row = await db.fetchrow(sql, *args, timeout=timeout)
+            if row is None:
+                row = await db.fetchrow(mutable, *args[:4], timeout=timeout)
+            return row
+        return await db.fetchrow(sql, *args, timeout=timeout)
 
     async def _split(self, batch: list[tuple[int, _Pending]]) -> None:
         """A batch cut short, written job by job; a job still held up after

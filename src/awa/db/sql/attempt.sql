@@ -213,6 +213,28 @@ WITH c AS MATERIALIZED (
 )
 SELECT id, queue FROM done UNION ALL SELECT id, queue FROM ring_done
 
+-- name: attempt_complete_batch_mutable
+-- attempt_complete_batch for a batch with no ring attempt (every one in
+-- awa.jobs: the ring is off, or none of these came from it): the same
+-- guarded DELETE, without the ring's closures in the plan (its CTEs cost
+-- every completion some server CPU even when they find nothing).
+WITH moved AS (
+    DELETE FROM awa.jobs j
+    WHERE j.id = ANY($1::bigint[]) AND j.state::text = 'running'
+      AND j.run_lease = ((SELECT jsonb_object_agg(c.id, c.lease)
+                          FROM unnest($1::bigint[], $2::bigint[]) AS c(id, lease))
+                         ->> j.id::text)::bigint
+    RETURNING j, (SELECT jsonb_object_agg(c.id, c.output) FILTER (WHERE c.output IS NOT NULL)
+                  FROM unnest($1::bigint[], $3::jsonb[]) AS c(id, output)) -> j.id::text
+                 AS output
+), done AS (
+    INSERT INTO awa.jobs_done
+    SELECT f.* FROM moved m,
+        LATERAL awa.finished(m.j, 'completed', $4::interval, NULL, NULL, true, m.output) f
+    RETURNING id, queue
+)
+SELECT id, queue FROM done
+
 -- name: attempt_fail
 -- Failure ($3 = error text, $5 = progress to keep or NULL, $6 = marks the
 -- entry terminal: a TerminalError, as opposed to attempts running out).
