@@ -114,4 +114,10 @@ async def test_storage_compatibility_knobs(client: awa.AsyncClient) -> None:
     assert len(await client.list_jobs()) == 1
     await client.install_queue_storage(reset=True)
     assert await client.list_jobs() == []
+    # As awa-pg's turns its queue storage on: plain jobs go to the append-only lane.
+    assert json.loads(await client.storage_status())["ring_enqueue"] is True
+    plain = await client.insert(Order(2))
+    pool = await client.pool()
+    assert await pool.fetchval("SELECT count(*) FROM awa.ready WHERE id = $1", plain.id) == 1
+    assert (await client.get_job(plain.id)).args == {"id": 2}
     await client.insert(Order(1), unique_opts={})  # claims were reset too

@@ -161,7 +161,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
     async def install_queue_storage(self, *, schema: str | None = None,
                                     queue_slot_count: int = 16, lease_slot_count: int = 8,
                                     reset: bool = False) -> None:
-        """Compatibility: ensure the schema exists; ``reset=True`` clears all job data."""
+        """Compatibility: migrate, then enqueue plain jobs into the append-only lane
+        (what the reference SDK's queue storage is for: docs/storage.md);
+        ``reset=True`` first clears all job data."""
         if self._runtime is not None:
             raise ValidationError("install_queue_storage", "cannot install queue storage while "
                                   "the worker runtime is running")
@@ -171,6 +173,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             pool = await self.pool()
             with translated():
                 await pool.execute(self._q["storage_reset"])
+        await self.set_ring_enqueue(True)
 
     async def prepare_queue_storage_schema(self, *, schema: str | None = None,
                                            queue_slot_count: int = 16,
