@@ -82,6 +82,12 @@ async def connect(database_url: str) -> asyncpg.Connection:
 RESET_SQL = """
 DELETE FROM awa.unique_claims;
 DELETE FROM awa.jobs;
+DELETE FROM awa.closures;
+DELETE FROM awa.heartbeats;
+DELETE FROM awa.receipts;
+DELETE FROM awa.ready_cancels;
+DELETE FROM awa.ready;
+DELETE FROM awa.claim_log;
 DELETE FROM awa.jobs_done;
 DELETE FROM awa.dlq;
 DELETE FROM awa.queues;
@@ -90,15 +96,19 @@ DELETE FROM awa.cron_jobs;
 
 
 async def reset(conn: asyncpg.Connection) -> None:
-    """Remove every job, claim, queue switch and schedule (a clean slate per example)."""
+    """Remove every job (of both lanes), claim, queue switch and schedule (a clean
+    slate per example)."""
     await conn.execute(RESET_SQL)
 
 
+#: Active jobs are read through awa.jobs_active: awa.jobs and the append-only
+#: lane's available and running jobs (migration 0020; AWA_TEST_RING=1), both
+#: tagged 'jobs'. A job is in one of them or the other, never in both.
 ROWS_SQL = """
 SELECT 'jobs' AS tbl, id, kind, queue, state::text AS state, attempt, max_attempts, run_lease,
        unique_key, unique_states, callback_id, args, metadata, errors, progress,
        finalized_at, priority, tags
-FROM awa.jobs
+FROM awa.jobs_active
 UNION ALL
 SELECT 'done', id, kind, queue, state::text, attempt, max_attempts, run_lease, unique_key,
        unique_states, callback_id, args, metadata, errors, progress, finalized_at, priority,
@@ -122,7 +132,8 @@ STATE_BITS = {s: 1 << i for i, s in enumerate(
 
 
 async def rows(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    """Every job row of the three tables, tagged with its table."""
+    """Every job row of the three tables (awa.jobs with the ring's active jobs), tagged
+    with its table."""
     return [dict(r) for r in await conn.fetch(ROWS_SQL)]
 
 

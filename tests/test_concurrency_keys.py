@@ -68,7 +68,7 @@ class Sampler:
 
 
 async def _active(conn: asyncpg.Connection) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM awa.jobs"))
+    return int(await conn.fetchval("SELECT count(*) FROM awa.jobs_active"))
 
 
 # -- the API -----------------------------------------------------------------------
@@ -126,7 +126,7 @@ async def test_every_insert_path_stores_key_and_limit(client: awa.AsyncClient,
     plain = await client.insert(Work(7))
     assert plain.concurrency_key is None and plain.concurrency_limit is None
     rows = await conn.fetch("SELECT args->>'n' AS n, concurrency_key, concurrency_limit "
-                            "FROM awa.jobs ORDER BY id")
+                            "FROM awa.jobs_all ORDER BY id")
     assert [(r["concurrency_key"], r["concurrency_limit"]) for r in rows] == [
         ("t-1", 3), ("t-2", None), ("t-3", 2), ("t-4", 5), ("t-5", 1), ("t-6", 4),
         (None, None)]

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, spawn_worker, wait_until
+from tests.helpers import FAST, TO_MUTABLE, spawn_worker, wait_until
 
 import awa
 from awa.telemetry.signals import Signals
@@ -155,6 +155,8 @@ async def test_heartbeat_skips_a_locked_row_and_keeps_its_progress(
     # the moment the lock goes (its heartbeat is skipped meanwhile, by design).
     await client.start([("default", 2)], **{**FAST, "heartbeat_staleness_ms": 30_000})
     await wait_until(lambda: asyncio.sleep(0, len(contexts) == 2))
+    for job_id in (locked.id, other.id):  # ring attempts (AWA_TEST_RING=1) move to awa.jobs
+        await conn.execute(TO_MUTABLE, job_id)
     beat_sql = "SELECT heartbeat_at FROM awa.jobs WHERE id = $1"
     async with conn.transaction():
         before = await conn.fetchval(beat_sql + " FOR UPDATE", locked.id)

@@ -28,6 +28,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from tests.helpers import TO_MUTABLE
 from tests.prop_state_model import (
     DLQ_QUEUE,
     FQ,
@@ -68,6 +69,33 @@ BEHAVIORS = st.builds(
     batch=st.booleans())
 UNIQUE = st.one_of(st.none(), st.just({}), st.builds(
     lambda m, bq: {"states": m, "by_queue": bq}, st.sampled_from(MASKS), st.booleans()))
+
+#: The harness's order (job_ring_next_to_mutable, then attempt_claim_one_kind): the
+#: available jobs of queue $1 and kind $2, both lanes, by priority, run_at, id.
+HARNESS_ORDER_SQL = (
+    "SELECT id FROM awa.jobs_active WHERE state = 'available' AND queue = $1 AND kind = $2"
+    " ORDER BY priority, run_at, id")
+
+#: The runtime claim's order (awa.claim, migration 0020; docs/storage.md), aging
+#: off: each lane (a priority of awa.jobs, or of the ring) offers its head, FIFO
+#: within the lane: awa.jobs's by (run_at, id), the ring's in commit order, which
+#: in this test's one-at-a-time transactions is (xid, id). The lanes go by their
+#: head's priority, then its run_at, the ring's first on a tie. A job put back
+#: into the ring (a retry) goes to the end of its lane, whatever its run_at.
+RUNTIME_ORDER_SQL = """
+SELECT id FROM (
+    (SELECT DISTINCT ON (j.priority) j.id, j.priority, j.run_at, false AS ring
+     FROM awa.jobs j
+     WHERE j.state = 'available' AND j.queue = $1 AND j.concurrency_key IS NULL
+     ORDER BY j.priority, j.run_at, j.id)
+    UNION ALL
+    (SELECT DISTINCT ON (w.priority) w.id, w.priority, w.run_at, true
+     FROM awa.ready w JOIN awa.ring_jobs_available a ON a.id = w.id AND a.run_lease = w.lease_base
+     WHERE w.queue = $1
+     ORDER BY w.priority, w.xid, w.id)
+) heads
+ORDER BY priority, run_at, ring DESC
+"""
 
 
 @dataclass
@@ -171,8 +199,8 @@ class JobMachine(RuleBasedStateMachine):
             assert isinstance(error, awa.UniqueConflict), error
         else:
             assert error is None, error
-        new = self.run(self.conn.fetch(
-            "SELECT id FROM awa.jobs WHERE id > $1 AND kind = ANY($2::text[]) ORDER BY id",
+        new = self.run(self.conn.fetch(  # either lane (AWA_TEST_RING=1: plain jobs in the ring)
+            "SELECT id FROM awa.jobs_active WHERE id > $1 AND kind = ANY($2::text[]) ORDER BY id",
             self.model.max_id, ["task", "plain"]))
         expected = [] if path == "rollback" else [p for p in plan if p is not None]
         assert len(new) == len(expected), (plan, new)
@@ -232,16 +260,17 @@ class JobMachine(RuleBasedStateMachine):
 
     async def _claim(self, kind: str, queue: str, runtime: bool) -> Attempt | None:
         q = self.client._q
-        candidates = await self.conn.fetch(
-            "SELECT id FROM awa.jobs WHERE state = 'available' AND queue = $1"
-            " AND ($2::text IS NULL OR kind = $2) ORDER BY priority, run_at, id",
-            queue, None if runtime else kind)
         if runtime:
+            candidates = await self.conn.fetch(RUNTIME_ORDER_SQL, queue)
             rows = await self.pool.fetch(q["attempt_claim"], queue, 1, 0.0, 0.0)
             row = rows[0] if rows else None
             if queue in self.model.paused:
                 candidates = []
         else:
+            candidates = await self.conn.fetch(HARNESS_ORDER_SQL, queue, kind)
+            # As the harness does (AwaTestClient): the next job of the kind, if it is
+            # a ring job, moves to awa.jobs, where its claim statement looks.
+            await self.pool.fetchval(q["job_ring_next_to_mutable"], queue, kind)
             row = await self.pool.fetchrow(q["attempt_claim_one_kind"], queue, kind)
         if not candidates:
             assert row is None
@@ -255,9 +284,7 @@ class JobMachine(RuleBasedStateMachine):
     def work(self, i: int, kind: str, queue: str, behavior: Behavior) -> None:
         """The harness: `AwaTestClient.work_one` claims and runs one job."""
         kind, queue = self._target(i, kind, queue)
-        candidates = self.run(self.conn.fetch(
-            "SELECT id FROM awa.jobs WHERE state = 'available' AND queue = $1 AND kind = $2"
-            " ORDER BY priority, run_at, id", queue, kind))
+        candidates = self.run(self.conn.fetch(HARNESS_ORDER_SQL, queue, kind))
         self.behavior = behavior
         result = self.run(self.env.harness.work_one(Task if kind == "task" else Plain,
                                                     self.handler, queue=queue))
@@ -464,6 +491,7 @@ class JobMachine(RuleBasedStateMachine):
         job = self.model.pick(i, lambda j: j.table == "jobs" and j.state == "running")
         if job is None:
             return
+        self.run(self.conn.execute(TO_MUTABLE, job.id))  # a ring attempt moves to awa.jobs
         self.run(self.conn.execute(
             "UPDATE awa.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = $1",
             job.id))

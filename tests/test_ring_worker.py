@@ -197,3 +197,48 @@ async def test_the_switch_decides_where_plain_jobs_go(database_url: str,
                                mutable_job.id) == 1
     with pytest.raises(awa.ValidationError, match="on"):
         await client.set_ring_enqueue("yes")  # type: ignore[arg-type]
+
+
+async def test_a_keyed_queue_claims_its_ring_jobs_and_takes_turns(
+        client: awa.AsyncClient, ring: asyncpg.Connection) -> None:
+    """A queue that claims with keys (worker/keyed.py) also claims its plain jobs,
+    which are ring jobs the keyed statements cannot see: through awa.claim, with
+    their receipt slots. While ring jobs wait behind a batch the keyed jobs
+    filled, the next claim takes ring jobs first, so neither kind waits for the
+    other's backlog to drain; and a worker on such a queue runs both kinds."""
+    from awa.worker.keyed import KeyedClaims
+
+    await client.enqueue_many_copy([Work(i) for i in range(20)],
+                                   opts=[{"concurrency_key": f"k{i:02d}"} for i in range(20)])
+    plain = [j.id for j in await client.insert_many([Work(100 + i) for i in range(3)])]
+    assert await ring.fetchval("SELECT count(*) FROM awa.ready") == 3
+    claims = KeyedClaims(queries(), configured=True)
+    first = await claims.claim(ring, "default", 8, 0.0, 0.0)
+    assert [r["concurrency_key"] is not None for r in first] == [True] * 8
+    assert claims.ring_waiting and claims.mixed  # the probe saw the ring's jobs
+    second = await claims.claim(ring, "default", 8, 0.0, 0.0)
+    assert sorted(r["id"] for r in second if r["concurrency_key"] is None) == sorted(plain)
+    assert all(r["receipt_slot"] is not None for r in second if r["concurrency_key"] is None)
+    assert sum(r["concurrency_key"] is not None for r in second) == 5
+    assert not claims.ring_waiting
+    # Those attempts are ring attempts (open receipts), not awa.jobs rows.
+    assert await ring.fetchval("SELECT count(*) FROM awa.jobs WHERE id = ANY($1)", plain) == 0
+    assert await ring.fetchval("SELECT count(*) FROM awa.ring_jobs_running "
+                               "WHERE id = ANY($1)", plain) == 3
+
+    @client.task(Work, queue="tenants")
+    async def handle(job: awa.JobContext) -> awa.Output:
+        return awa.Output({"n": job.args.n})
+
+    keyed = await client.insert_many_copy([Work(i, "keyed") for i in range(4)],
+                                          concurrency_key="t", max_in_flight=2,
+                                          queue="tenants")
+    more = [(await client.insert(Work(200 + i), queue="tenants")).id for i in range(4)]
+    assert await ring.fetchval("SELECT count(*) FROM awa.ready WHERE id = ANY($1)", more) == 4
+    await client.start(queues=[{"name": "tenants", "max_workers": 4,
+                                "key_max_in_flight": 2}], **FAST)
+    done = await _finished(client, [j.id for j in keyed] + more)
+    assert all(j.state is awa.JobState.Completed for j in done)
+    # The ring jobs were completed in the ring (a closure each), never moved.
+    assert await ring.fetchval("SELECT count(*) FROM awa.closures WHERE id = ANY($1) "
+                               "AND outcome = awa.ring_outcome('completed')", more) == 4

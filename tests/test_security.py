@@ -23,7 +23,14 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import asyncpg
 import pydantic
 import pytest
-from tests.helpers import FAST, ROOT, SUBPROCESS_PATH, wait_for_state, wait_until
+from tests.helpers import (
+    FAST,
+    ROOT,
+    SUBPROCESS_PATH,
+    TO_MUTABLE,
+    wait_for_state,
+    wait_until,
+)
 from tests.test_callbacks import _post
 from tests.ui_helpers import call, serving
 
@@ -249,6 +256,7 @@ async def test_job_args_never_logged(client: awa.AsyncClient, database_url: str,
     stale = await client.insert(Charge(sentinel, "ok"))
     conn = await asyncpg.connect(database_url)
     try:  # a crashed worker's attempt, for rescue to retry
+        await conn.execute(TO_MUTABLE, stale.id)
         await conn.execute("UPDATE awa.jobs SET state = 'running', attempt = 1, run_lease = 1, "
                            "heartbeat_at = now() - interval '1 hour' WHERE id = $1", stale.id)
     finally:
@@ -278,6 +286,7 @@ async def test_callbacks_need_a_valid_signature(client: awa.AsyncClient) -> None
     job = await client.insert(Boom("x"))
     cid, other = str(uuid.uuid4()), str(uuid.uuid4())
     pool = await client.pool()
+    await pool.execute(TO_MUTABLE, job.id)
     await pool.execute("UPDATE awa.jobs SET state = 'waiting_external', attempt = 1, "
                        "callback_id = $2 WHERE id = $1", job.id, uuid.UUID(cid))
     forged = [

@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, ROOT, wait_until
+from tests.helpers import FAST, ROOT, TO_MUTABLE, wait_until
 
 import awa
 from awa.enqueue import bridge
@@ -158,6 +158,7 @@ async def test_dlq_and_rescue_counters(client: awa.AsyncClient, otel: Otel,
 
     # A stale attempt on its last try, on a DLQ-enabled queue: rescued into the DLQ.
     stale = await client.insert({"n": 1}, kind="stale_kind", queue="dq", max_attempts=1)
+    await conn.execute(TO_MUTABLE, stale.id)
     await conn.execute("UPDATE awa.jobs SET state = 'running', attempt = 1, run_lease = 1, "
                        "attempted_at = now(), heartbeat_at = now() - interval '1 hour' "
                        "WHERE id = $1", stale.id)
@@ -166,6 +167,24 @@ async def test_dlq_and_rescue_counters(client: awa.AsyncClient, otel: Otel,
     await rescuer.run_once()
     assert otel.value("awa.maintenance.rescues", kind="stale_kind", queue="dq") == 1
     assert otel.value("awa.job.dlq_moved", kind="stale_kind", queue="dq") == 1
+
+
+async def test_rescue_of_a_ring_attempt_is_counted(client: awa.AsyncClient, otel: Otel,
+                                                   conn: asyncpg.Connection) -> None:
+    """A silent ring attempt is rescued through the ring's path (ring_rescue moves it
+    to awa.jobs, where job_rescue_running retries it), and counted as any rescue."""
+    await conn.execute(client._q["ring_enqueue_set"], True)
+    job = await client.insert({"n": 1}, kind="ring_kind", queue="rq")
+    claimed = await conn.fetch(client._q["attempt_claim"], "rq", 1, 0.0, 0.0)
+    assert [(r["id"], r["receipt_slot"] is not None) for r in claimed] == [(job.id, True)]
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", job.id) == 0
+    await asyncio.sleep(0.05)  # silent for longer than the staleness below
+    rescuer = Rescuer(await client.pool(), client._q, timedelta(seconds=1), lambda: True,
+                      staleness=timedelta(milliseconds=20), failed_retention=timedelta(days=1))
+    await rescuer.run_once()
+    assert rescuer.rescued == 1
+    assert otel.value("awa.maintenance.rescues", kind="ring_kind", queue="rq") == 1
+    assert (await client.get_job(job.id)).state is awa.JobState.Retryable
 
 
 async def test_queue_depth_and_lag_gauges(client: awa.AsyncClient, otel: Otel) -> None:

@@ -70,9 +70,9 @@ class Dispatcher:
         self.last_claim_error: str | None = None
         self._failures = FailureLog(log)
         #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
-        self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None)
         #: Whether claims must read the ring too (else awa.jobs alone is cheaper).
         self.lanes = Lanes(q)
+        self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None, self.lanes)
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
         """Run with ``cfg`` and ``poll_interval`` from the next loop on (live overrides)."""
@@ -213,10 +213,11 @@ class Dispatcher:
                 started = time.perf_counter()
                 # Rows claimed stay claimed even if a later statement here fails.
                 rows: list[asyncpg.Record] = []
-                keyed: list[asyncpg.Record] = []
+                keyed: list[list[asyncpg.Record]] = []  # one list per statement
                 try:
                     if self.keys.active or probe:
-                        keyed = await self.keys.claim(self._db, name, want, deadline, aging)
+                        keyed = await self.keys.claim_batches(self._db, name, want, deadline,
+                                                              aging)
                     else:
                         claim = "attempt_claim" if await self.lanes.in_use(self._db) \
                             else "attempt_claim_mutable"
@@ -232,12 +233,12 @@ class Dispatcher:
                     self.last_claim_error = repr(exc)
                 finally:
                     self._capacity.release(name, reserved)
-                got = len(rows) + len(keyed)
+                got = len(rows) + sum(len(batch) for batch in keyed)
                 if self._limiter is not None:
                     self._limiter.take(got)
                 self._take_rows(rows)
-                if keyed:
-                    self._take_rows(keyed, keyed=True)
+                for batch in keyed:  # each statement's rows have columns of their own
+                    self._take_rows(batch, keyed=True)
                 self._start_ready()
                 self.claimed += got
                 signals.emit("claim", queue=name, jobs=got)

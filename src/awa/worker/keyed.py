@@ -17,17 +17,26 @@ unique index refuses the second, which is rolled back and simply claims again
 (`RACE_RETRIES` times, then leaves it to the next loop). That is the
 mechanism working, not a failure, so it is neither logged as one nor counted
 in the queue's claim failures.
+
+Where the ring is in use (migration 0020), a keyed queue's unkeyed jobs may be
+ring jobs, which the keyed statements (awa.jobs only) cannot see: the claim
+then also takes unkeyed jobs through awa.claim (``attempt_claim_keyed_ring``),
+for what the keyed statements leave of the batch, and, when they fill it,
+probes whether ring jobs wait (``ring_unkeyed_waiting``). While ring jobs wait,
+the claims take turns at going first (awa.claim, then the keyed statements, or
+the other way round), so neither kind waits behind a backlog of the other.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 
 from awa.core import states
+from awa.db.lanes import Db, Lanes
 from awa.db.queries import Queries
 
 log = logging.getLogger("awa.dispatcher")
@@ -36,15 +45,16 @@ IDLE_SECONDS = states.KEY_IDLE.total_seconds()
 RACE_RETRIES = 3
 
 
-class _Fetcher(Protocol):
-    async def fetch(self, sql: str, *args: Any) -> list[Any]: ...
-
-
 class KeyedClaims:
     """Whether one queue claims with keys, and where its walk over the keys stands."""
 
-    def __init__(self, q: Queries, configured: bool) -> None:
+    def __init__(self, q: Queries, configured: bool, lanes: Lanes | None = None) -> None:
         self._q = q
+        #: Whether the ring is in use (its unkeyed jobs are claimed through awa.claim).
+        self.lanes = lanes if lanes is not None else Lanes(q)
+        #: Ring jobs wait beyond what the last claim took (it was full, or a probe found some).
+        self.ring_waiting = False
+        self._ring_went_first = False  #: the last claim took ring jobs first (turns)
         self.configured = configured
         self._keyed_until = 0.0  #: monotonic time until which the queue counts as keyed
         self._next_probe = 0.0
@@ -71,9 +81,74 @@ class KeyedClaims:
         self._next_probe = now + PROBE_SECONDS
         return True
 
-    async def claim(self, db: _Fetcher, queue: str, want: int, deadline: float,
+    async def claim(self, db: Db, queue: str, want: int, deadline: float,
                     aging: float) -> list[Any]:
-        """Claim up to ``want`` jobs of ``queue``, keyed or not; rows for a keyed
+        """Claim up to ``want`` jobs of ``queue``, keyed or not: `claim_batches`' rows
+        in one list."""
+        batches = await self.claim_batches(db, queue, want, deadline, aging)
+        return [row for batch in batches for row in batch]
+
+    async def claim_batches(self, db: Db, queue: str, want: int, deadline: float,
+                            aging: float) -> list[list[Any]]:
+        """Claim up to ``want`` jobs of ``queue``, keyed or not; one list of rows per
+        statement that claimed (each for one keyed `ClaimDecoder`: its columns differ
+        from the others'). Where the ring is in use, its unkeyed jobs too (see the
+        module's docstring): each statement is its own transaction, so rows one
+        claimed stay claimed whatever a later one does."""
+        ring = await self.lanes.in_use(db)
+        ring_first = ring and self.ring_waiting and not self._ring_went_first
+        self._ring_went_first = ring_first
+        self.capped = False
+        batches: list[list[Any]] = []
+        try:
+            await self._claim_lanes(db, queue, want, deadline, aging, ring, ring_first, batches)
+        except Exception:
+            if not any(batches):
+                raise
+            # The jobs claimed by an earlier statement are this loop's: hand them over.
+            log.debug("keyed claim of %r failed after claiming; next loop", queue,
+                      exc_info=True)
+            self.capped = True
+        if any(r["concurrency_key"] is not None for batch in batches for r in batch):
+            self._keyed_until = time.monotonic() + IDLE_SECONDS
+        return [batch for batch in batches if batch]
+
+    async def _claim_lanes(self, db: Db, queue: str, want: int, deadline: float,
+                           aging: float, ring: bool, ring_first: bool,
+                           batches: list[list[Any]]) -> None:
+        """The statements of one claim, in turn; each one's rows go to ``batches``."""
+        ring_found = False
+        if ring_first:
+            rows = await self._ring(db, queue, want, deadline, aging)
+            ring_found = bool(rows)
+            batches.append(rows)
+            want -= len(rows)
+        if want > 0:
+            rows = await self._keyed(db, queue, want, deadline, aging)
+            batches.append(rows)
+            want -= len(rows)
+        if ring and not ring_first:
+            if want > 0:
+                rows = await self._ring(db, queue, want, deadline, aging)
+                ring_found = bool(rows)
+                batches.append(rows)
+            else:  # the keyed statements filled the batch: do ring jobs wait?
+                (row,) = await db.fetch(self._q["ring_unkeyed_waiting"], queue)
+                self.ring_waiting = ring_found = bool(row["waiting"])
+        self.mixed = self.mixed or ring_found
+
+    async def _ring(self, db: Db, queue: str, want: int, deadline: float,
+                    aging: float) -> list[Any]:
+        """Unkeyed jobs of both lanes through awa.claim; whether more wait after them."""
+        rows = list(await db.fetch(self._q["attempt_claim_keyed_ring"], queue, want,
+                                   deadline, aging))
+        self.ring_waiting = len(rows) == want
+        return rows
+
+    async def _keyed(self, db: Db, queue: str, want: int, deadline: float,
+                     aging: float) -> list[Any]:
+        """Claim up to ``want`` jobs of ``queue`` with the keyed statements (awa.jobs:
+        keyed jobs, and unkeyed ones of the mutable lane); rows for a keyed
         `ClaimDecoder` (the claimed columns, then the key, its limit and the slot).
 
         First the small statement (one range scan of the next keys), without
@@ -88,7 +163,6 @@ class KeyedClaims:
         rows = await self._attempt(db, first, queue, want, deadline, aging, self.cursor)
         if rows is None:
             return []
-        self.capped = False
         if rows:
             last = rows[-1]
             self.cursor, walk, plain = last["cursor"], last["walk"], last["plain"]
@@ -112,11 +186,9 @@ class KeyedClaims:
                 more = [r for r in more if r["id"] is not None]  # none claimed: the walk's row
                 self.mixed = self.mixed or any(r["concurrency_key"] is None for r in more)
                 claimed += more
-        if any(r["concurrency_key"] is not None for r in claimed):
-            self._keyed_until = time.monotonic() + IDLE_SECONDS
         return claimed
 
-    async def _attempt(self, db: _Fetcher, statement: str, *args: Any) -> list[Any] | None:
+    async def _attempt(self, db: Db, statement: str, *args: Any) -> list[Any] | None:
         """Run a keyed claim statement, again when the slot index refuses it (a
         lost race); None after `RACE_RETRIES` such refusals."""
         for _ in range(RACE_RETRIES + 1):

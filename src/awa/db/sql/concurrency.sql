@@ -436,3 +436,18 @@ ORDER BY k.in_flight >= k.lim DESC, k.in_flight DESC, k.key, k.queue
 INSERT INTO awa.queues (queue, key_max_in_flight)
 SELECT * FROM unnest($1::text[], $2::integer[])
 ON CONFLICT (queue) DO UPDATE SET key_max_in_flight = EXCLUDED.key_max_in_flight
+
+-- name: attempt_claim_keyed_ring
+-- The unkeyed jobs of a keyed queue where the ring is in use: awa.claim over
+-- both lanes (migration 0020; ring jobs are never keyed, and it leaves keyed
+-- ones alone), up to $2 jobs of queue $1 ($3 deadline seconds, $4 aging
+-- interval), with attempt_claim_keyed's key columns (NULL) so a keyed claim's
+-- rows read alike, and each ring attempt's receipt_slot. See worker/keyed.py.
+SELECT c.*, NULL::text AS concurrency_key, NULL::integer AS concurrency_limit,
+       NULL::integer AS concurrency_slot
+FROM awa.claim($1::text, $2::int, $3::float8, $4::float8) c
+
+-- name: ring_unkeyed_waiting
+-- Whether ring jobs of queue $1 wait to be claimed (awa.ring_available, capped
+-- at one: the claim_log's last row and one index probe per priority lane).
+SELECT awa.ring_available($1::text, 1) > 0 AS waiting
