@@ -174,6 +174,10 @@ RING_ROTATE_INTERVAL = timedelta(seconds=30)
 #: (one new awa.queue_throughput row per queue; rows are never updated, so a
 #: held xmin horizon keeps nothing alive there, and fewer rows read faster).
 THROUGHPUT_FLUSH_INTERVAL = timedelta(seconds=5)
+#: How long making an hourly partition of awa.jobs_done waits for its lock
+#: (every completion inserts there, and waits behind a lock request queued
+#: behind a long reader); a partition not made in time is made next pass.
+PARTITION_LOCK_TIMEOUT = timedelta(milliseconds=200)
 #: How long a reclaim waits for a slot's table before leaving it for the next
 #: pass: the only pause the ring's upkeep can cause claims and completions.
 RING_RECLAIM_LOCK_TIMEOUT = timedelta(milliseconds=200)

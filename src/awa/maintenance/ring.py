@@ -11,6 +11,7 @@ so a long transaction elsewhere cannot make this lane's rows pile up.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,6 +28,10 @@ log = logging.getLogger("awa.maintenance")
 #: ready rows they were claimed from are, closures and heartbeats once the
 #: slot's receipts are).
 FAMILIES = ("ready", "ready_cancels", "receipts", "closures", "heartbeats", "claim_log")
+#: Tries per table and pass, and the pause between them (each waits for the
+#: lock at most RING_RECLAIM_LOCK_TIMEOUT).
+RECLAIM_ATTEMPTS = 5
+RECLAIM_RETRY_SECONDS = 1.0
 
 
 class RingKeeper(PeriodicService):
@@ -63,13 +68,21 @@ class RingKeeper(PeriodicService):
         return done
 
     async def _reclaim_one(self, family: str, slot: int) -> bool:
-        """One table, in its own transaction; False if not spent or not lockable now."""
-        async with self._pool.acquire() as conn:
-            try:
-                async with conn.transaction():
-                    await conn.execute(self._q["tx_lock_timeout"],
-                                       f"{int(RING_RECLAIM_LOCK_TIMEOUT.total_seconds() * 1000)}ms")
-                    return bool(await conn.fetchval(self._q["ring_reclaim"], family, slot))
-            except asyncpg.LockNotAvailableError:
-                log.debug("ring slot %d's %s is busy; left for the next pass", slot, family)
-                return False
+        """One table, in its own transaction; False if not spent or not lockable now.
+
+        A busy table is tried again a few times in the pass: a reader that keeps
+        the lock for a second (a count over the ring) must not make the ring
+        wait a whole pass, or the ring grows and that reader gets slower."""
+        timeout = f"{int(RING_RECLAIM_LOCK_TIMEOUT.total_seconds() * 1000)}ms"
+        for attempt in range(RECLAIM_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(RECLAIM_RETRY_SECONDS)
+            async with self._pool.acquire() as conn:
+                try:
+                    async with conn.transaction():
+                        await conn.execute(self._q["tx_lock_timeout"], timeout)
+                        return bool(await conn.fetchval(self._q["ring_reclaim"], family, slot))
+                except asyncpg.LockNotAvailableError:
+                    continue
+        log.debug("ring slot %d's %s is busy; left for the next pass", slot, family)
+        return False
