@@ -652,6 +652,13 @@ def test_many_workers_run_each_task_once(
     wait_for(finished(*results), "every task", timeout=60)
     assert {r.status for r in results} == {"SUCCESSFUL"}
     assert {r.attempts for r in results} == {1}
+
+    def both_up() -> bool:  # one still starting has no SIGTERM handler yet (-15)
+        with psycopg.connect(project) as c:
+            row = c.execute("SELECT count(*) FROM awa.runtime_instances").fetchone()
+            return row is not None and row[0] >= 2
+
+    wait_for(both_up, "both workers to be up", timeout=60)
     for worker in workers:
         assert worker.stop()[0] == 0
 
