@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
@@ -343,14 +343,12 @@ class Completer:
                              timeout: float | None = None) -> Any:
         """One outcome statement's row (None: stale). A ring attempt's completion that
         lost to a move into the mutable lane is written there (see `_complete_rows`)."""
-        if sql == self._q["attempt_complete_batch"]:
-            mutable = self._q["attempt_complete_batch_mutable"]
-            if args[4] == [None]:
-                return await db.fetchrow(mutable, *args[:4], timeout=timeout)
-            row = await db.fetchrow(sql, *args, timeout=timeout)
-            if row is None:
-                row = await db.fetchrow(mutable, *args[:4], timeout=timeout)
-            return row
+        if sql == self._q["attempt_complete_batch"]:  # args as `_statement` makes them
+            ids, leases, outputs, _keep, slots = args
+            rows = await self._complete_rows(db, cast(list[int], ids), cast(list[int], leases),
+                                             cast(list[str | None], outputs),
+                                             cast(list[int | None], slots), timeout)
+            return rows[0] if rows else None
         return await db.fetchrow(sql, *args, timeout=timeout)
 
     async def _split(self, batch: list[tuple[int, _Pending]]) -> None:
