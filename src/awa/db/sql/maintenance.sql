@@ -1,5 +1,11 @@
 -- Statements of the maintenance services: leadership, promotion, rescue, cleanup.
 
+-- name: tx_lock_timeout
+-- This transaction waits at most $1 (text, e.g. '200ms') for any lock: the
+-- upkeep that locks a table every completion or claim uses (a partition of
+-- awa.jobs_done, a ring slot) never queues them behind a long reader.
+SELECT set_config('lock_timeout', $1::text, true)
+
 -- name: leader_acquire
 -- Take or renew the leader lease; returns a row only to the leader.
 INSERT INTO awa.leader AS l (singleton, holder, expires_at)

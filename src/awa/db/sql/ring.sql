@@ -25,10 +25,6 @@ SELECT awa.ring_reclaim($1::text, $2::smallint)
 -- Whether plain jobs are enqueued into the ring from now on ($1).
 UPDATE awa.ring SET enqueue = $1::boolean
 
--- name: tx_lock_timeout
--- This transaction waits at most $1 (text, e.g. '200ms') for any lock.
-SELECT set_config('lock_timeout', $1::text, true)
-
 -- name: ring_lanes_state
 -- Whether plain jobs are enqueued into the ring, and whether claims must read
 -- it (it takes jobs, or a lane of it was ever used). awa.db.lanes caches this.
