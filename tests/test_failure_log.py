@@ -51,14 +51,17 @@ def test_a_lost_database_is_one_line_without_a_traceback(
         ConnectionRefusedError(111, "Connect call failed"),
         asyncpg.CannotConnectNowError("the database system is shutting down"),
         asyncpg.ConnectionDoesNotExistError("connection was closed"),
-        asyncpg.InterfaceError("pool is closing")]
+        asyncpg.InterfaceError("pool is closing"),
+        # a statement on a connection the server ended between two statements
+        asyncpg.InternalClientError(
+            "cannot switch to state 11; another operation (2) is in progress")]
     wrapped = DatabaseError("ConnectionRefusedError: refused")
     wrapped.__cause__ = ConnectionRefusedError(111, "refused")
     for i, exc in enumerate([*lost, wrapped]):
         failures = FailureLog(log, repeat_every=3600)
         for _ in range(20):
             failures.failed(f"subsystem {i}", exc)
-    assert len(caplog.records) == 5  # one line per subsystem, however many retries
+    assert len(caplog.records) == 6  # one line per subsystem, however many retries
     assert all(r.exc_info is None for r in caplog.records)
     assert all("the database is unreachable" in r.getMessage() for r in caplog.records)
     caplog.clear()

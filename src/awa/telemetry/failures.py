@@ -25,8 +25,12 @@ REPEAT_EVERY = 30.0
 UNREACHABLE_HINT = ("the database is unreachable (stopped, restarting, or stopped by another "
                     "process?); retrying, a line every 30 s until it answers")
 
+#: `asyncpg.InternalClientError` is here because a connection the server ends
+#: between two statements (a shutdown) leaves asyncpg waiting for the rest of
+#: the server's goodbye; the next statement on it fails with "cannot switch to
+#: state ...; another operation is in progress" rather than a connection error.
 _LOST = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
-         asyncpg.InterfaceError)
+         asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
 def unreachable(exc: BaseException) -> bool:
