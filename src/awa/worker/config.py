@@ -76,7 +76,7 @@ class QueueConfig:
     rate_limit: RateLimit | None = None
     priority_aging_interval: timedelta = states.PRIORITY_AGING_INTERVAL  #: 0 = off
     deadline: timedelta = states.DEADLINE  #: 0 = no hard deadline
-    claim_batch_size: int = 32
+    claim_batch_size: int = states.CLAIM_BATCH_SIZE
     dlq_enabled: bool | None = None  #: None = the runtime's default
     #: Per-key concurrency: the max_in_flight of this queue's keyed jobs that
     #: name none (written to awa.queues, so every worker enforces the same).
