@@ -172,38 +172,37 @@ GROUP BY id
 -- is and first come first served (closures_key), then finish from their ready
 -- row. One whose closure lost because it was moved to the mutable lane
 -- (ring_materialize) is finished there, by the DELETE below.
--- The receipts are probed one by one (LATERAL ... LIMIT 1): as a semi-join, a
--- generic plan made on a small ring hash-joined a scan of every receipt. Each
--- output comes from c as a column: a sub-select among awa.finished's
--- arguments keeps the planner from inlining it, and called once per row it
--- was two thirds of the statement's time (bench: pg_stat_statements, track=all).
+-- Each receipt and the ready row it started from are read once, one probe
+-- apiece (LATERAL ... LIMIT 1: as a semi-join, a generic plan made on a small
+-- ring hash-joined a scan of every receipt), before the closure; the jobs_done
+-- rows are made from what was read for the closures that won. Each output
+-- comes from c as a column: a sub-select among awa.finished's arguments keeps
+-- the planner from inlining it, and called once per row it was two thirds of
+-- the statement's time (bench: pg_stat_statements, track=all).
 WITH c AS MATERIALIZED (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::smallint[], $3::jsonb[])
         AS c(id, lease, slot, output)
-), closed AS (
-    INSERT INTO awa.closures (slot, id, run_lease, outcome)
-    SELECT c.slot, c.id, c.lease, awa.ring_outcome('completed') FROM c
-    CROSS JOIN LATERAL (SELECT 1 FROM awa.receipts r
+), opened AS MATERIALIZED (
+    SELECT c.id, c.output, awa.ring_job(w, r, NULL) AS j FROM c
+    CROSS JOIN LATERAL (SELECT * FROM awa.receipts r
                         WHERE r.slot = c.slot AND r.id = c.id AND r.run_lease = c.lease
                         LIMIT 1) r
+    CROSS JOIN LATERAL (SELECT * FROM awa.ready w
+                        WHERE w.slot = r.ready_slot AND w.id = r.id
+                          AND w.lease_base = r.run_lease - 1 LIMIT 1) w
     WHERE c.slot IS NOT NULL
+), closed AS (
+    INSERT INTO awa.closures (slot, id, run_lease, outcome)
+    SELECT c.slot, c.id, c.lease, awa.ring_outcome('completed')
+    FROM c JOIN opened o ON o.id = c.id
     ON CONFLICT DO NOTHING
-    RETURNING slot, id, run_lease
+    RETURNING id
 ), outputs AS MATERIALIZED (
     SELECT jsonb_object_agg(c.id, c.output) FILTER (WHERE c.output IS NOT NULL) AS o FROM c
 ), ring_done AS (
     INSERT INTO awa.jobs_done
-    SELECT f.* FROM closed k
-        JOIN c ON c.id = k.id
-        -- Each by its slot and id (one partition, one index probe).
-        CROSS JOIN LATERAL (SELECT * FROM awa.receipts r
-                            WHERE r.slot = k.slot AND r.id = k.id AND r.run_lease = k.run_lease
-                            LIMIT 1) r
-        CROSS JOIN LATERAL (SELECT * FROM awa.ready w
-                            WHERE w.slot = r.ready_slot AND w.id = r.id
-                              AND w.lease_base = r.run_lease - 1 LIMIT 1) w,
-        LATERAL awa.finished(awa.ring_job(w, r, NULL), 'completed', $4::interval, NULL, NULL,
-                             true, c.output) f
+    SELECT f.* FROM closed k JOIN opened o ON o.id = k.id,
+        LATERAL awa.finished(o.j, 'completed', $4::interval, NULL, NULL, true, o.output) f
     RETURNING id, queue
 ), moved AS (
     DELETE FROM awa.jobs j
