@@ -290,6 +290,29 @@ async def test_an_unreadied_job_is_claimed_once_from_the_mutable_lane(pool: asyn
     assert await claim(pool, 10) == []
 
 
+async def test_a_claim_returns_the_rows_it_walked_past_unreadied_ones(
+        pool: asyncpg.Pool) -> None:
+    """A claim that takes part of a lane, with unreadied rows among those it walked
+    (migration 0023 returns the walked rows themselves), hands out each job once,
+    in order, with its own payload, and the rest on the next claim."""
+    ids = [r["id"] for r in await pool.fetch(
+        "INSERT INTO awa.ready (queue, priority, kind, args, max_attempts, tags) "
+        "SELECT 'q', 2, 'k' || g, jsonb_build_object('n', g), 5, array['t' || g] "
+        "FROM generate_series(1, 6) g RETURNING id")]
+    assert await pool.fetchval(UNREADY, [ids[1], ids[3]]) == [ids[1], ids[3]]
+    moved = [r["id"] for r in await pool.fetch(  # out of the ring: the mutable lane's now
+        "DELETE FROM awa.jobs WHERE id = ANY($1) RETURNING id", [ids[1], ids[3]])]
+    assert sorted(moved) == [ids[1], ids[3]]
+    first = await claim(pool, 2)
+    assert [(r["id"], r["kind"], r["args"], r["tags"], r["attempt"], r["run_lease"])
+            for r in first] == [(ids[n], f"k{n + 1}", f'{{"n": {n + 1}}}', [f"t{n + 1}"], 1, 1)
+                                for n in (0, 2)]
+    assert all(r["receipt_slot"] == 0 for r in first)
+    assert [r["id"] for r in await claim(pool, 10)] == [ids[4], ids[5]]
+    assert await claim(pool, 10) == []
+    assert await pool.fetchval("SELECT count(*) FROM awa.receipts") == 4
+
+
 async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
         pool: asyncpg.Pool) -> None:
     first_id, _, _, unreadied = await ring(pool, 4)  # into slot 0

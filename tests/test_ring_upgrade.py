@@ -95,7 +95,8 @@ async def test_every_live_job_survives_the_upgrade_and_runs(empty_database_url: 
             "LATERAL awa.dead_lettered(f, 'max_attempts_exhausted') d", dead)
         before = await _snapshot(conn)
 
-        # 0020 and everything after it (0022: the throughput rollup, insert-only).
+        # 0020 and everything after it (0022: the throughput rollup, insert-only;
+        # 0023: the claim returns the rows its walk read).
         assert await awa.migrate(empty_database_url) == list(
             range(20, awa.current_migration_version() + 1))
         assert await _snapshot(conn) == before  # nothing moved, nothing changed
