@@ -336,9 +336,12 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
     assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
     assert await pool.fetchval(CLOSE, *attempt(first[0])) is None  # a late closure: nothing
 
-    # A producer still writing into a slot holds reclaiming off until it commits,
-    # and then its job is not truncated but claimed.
+    # A producer still writing into a slot whose committed rows are all spent holds
+    # reclaiming off until it commits, and then its job is not truncated but claimed.
     await move_ring_to(pool, 3)
+    await ring(pool)
+    (spent,) = await claim(pool, 1)
+    assert await pool.fetchval(CLOSE, *attempt(spent)) == 1
     async with pool.acquire() as open_producer:
         tr = open_producer.transaction()
         await tr.start()
@@ -356,6 +359,26 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
             await tr.commit()
             assert await waiting is False
     assert [r["id"] for r in await claim(pool)] == [late]
+
+
+async def test_a_table_not_spent_is_left_without_waiting_for_its_lock(
+        pool: asyncpg.Pool) -> None:
+    """A reclaim looks before it locks (migration 0023): a reader holding an old
+    slot's table keeps its reclaim waiting only once the table is spent, so the
+    claims and completions queued behind that lock request never wait for a
+    table that could not have been truncated anyway."""
+    (job,) = await ring(pool)
+    await move_ring_to(pool, 1)
+    async with pool.acquire() as reader, reader.transaction(isolation="repeatable_read"):
+        assert await reader.fetchval("SELECT count(*) FROM awa.ready_0") == 1  # holds its lock
+        assert not await reclaim(pool, "ready", 0)  # not claimed yet: no lock asked for
+        (claimed,) = await claim(pool, 1)
+        assert await pool.fetchval(CLOSE, *attempt(claimed)) == 1
+        await claim(pool, 1)  # every lane's cursor past it: spent, so the lock is needed
+        with pytest.raises(asyncpg.LockNotAvailableError):
+            await reclaim(pool, "ready", 0)
+    assert await reclaim(pool, "ready", 0)
+    assert claimed["id"] == job
 
 
 async def test_the_ring_advances_only_into_an_empty_slot(pool: asyncpg.Pool) -> None:

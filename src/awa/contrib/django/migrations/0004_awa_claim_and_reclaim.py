@@ -1,4 +1,4 @@
-"""Awa's claim returning the rows its walk read (Awa migration 0023), via Awa's migrations."""
+"""Awa's leaner ring claim and reclaim (Awa migration 0023), via Awa's migrations."""
 
 from __future__ import annotations
 
