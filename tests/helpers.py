@@ -14,7 +14,8 @@ from typing import Any
 import awa
 
 #: Test setup that changes awa.jobs rows by hand: the job $1, if it is in the
-#: append-only lane (AWA_TEST_RING=1), moves to awa.jobs first (migration 0020).
+#: append-only lane (the default of a new database), moves to awa.jobs first
+#: (migration 0020).
 TO_MUTABLE = "SELECT awa.ring_to_mutable(ARRAY[$1::bigint])"
 
 #: start() options that make maintenance act within a fraction of a second.

@@ -102,7 +102,7 @@ async def reset(conn: asyncpg.Connection) -> None:
 
 
 #: Active jobs are read through awa.jobs_active: awa.jobs and the append-only
-#: lane's available and running jobs (migration 0020; AWA_TEST_RING=1), both
+#: lane's available and running jobs (migration 0020; on unless AWA_TEST_RING=0), both
 #: tagged 'jobs'. A job is in one of them or the other, never in both.
 ROWS_SQL = """
 SELECT 'jobs' AS tbl, id, kind, queue, state::text AS state, attempt, max_attempts, run_lease,

@@ -36,7 +36,7 @@ def awa_cli(url: str, *args: str,
 
 async def fail_jobs(conn: asyncpg.Connection, kind: str) -> None:
     """Fail every available job of ``kind`` terminally, as a worker would."""
-    # Ring jobs (AWA_TEST_RING=1) move to awa.jobs first; a no-op otherwise.
+    # Ring jobs (unless AWA_TEST_RING=0) move to awa.jobs first; a no-op otherwise.
     await conn.execute("SELECT count(*) FROM awa.ring_to_mutable(ARRAY("
                        "SELECT id FROM awa.jobs_active WHERE kind = $1))", kind)
     await conn.execute("UPDATE awa.jobs SET attempt = 1 WHERE kind = $1", kind)

@@ -137,7 +137,7 @@ async def test_a_queue_exists_when_anything_knows_it(
         database_url: str, client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     await client.insert({"n": 1}, kind="k", queue="has-jobs")
     await client.insert({"n": 1}, kind="k", queue="has-failed")
-    # Ring jobs (AWA_TEST_RING=1) move to awa.jobs first; a no-op otherwise.
+    # Ring jobs (unless AWA_TEST_RING=0) move to awa.jobs first; a no-op otherwise.
     await conn.execute("SELECT count(*) FROM awa.ring_to_mutable(ARRAY("
                        "SELECT id FROM awa.jobs_active WHERE queue = 'has-failed'))")
     await conn.execute("""

@@ -75,7 +75,7 @@ async def _hostile_jobs(client: awa.AsyncClient, conn: asyncpg.Connection) -> tu
     producer or an older version could have)."""
     live = await client.insert({"a": EVIL}, kind="live")
     dead = await client.insert({"a": EVIL}, kind="dead")
-    # Ring jobs (AWA_TEST_RING=1) move to awa.jobs first; a no-op otherwise.
+    # Ring jobs (unless AWA_TEST_RING=0) move to awa.jobs first; a no-op otherwise.
     await conn.execute("SELECT count(*) FROM awa.ring_to_mutable($1::bigint[])",
                        [live.id, dead.id])
     await conn.execute(

@@ -19,7 +19,7 @@ async def test_claims_that_keep_failing_make_the_worker_unhealthy(
         CREATE TRIGGER refuse_claim BEFORE UPDATE ON awa.jobs FOR EACH ROW
             WHEN (NEW.queue = 'broken' AND NEW.state = 'running')
             EXECUTE FUNCTION public.refuse_claim();
-        -- A ring job's claim writes a receipt instead (AWA_TEST_RING=1).
+        -- A ring job's claim writes a receipt instead (unless AWA_TEST_RING=0).
         CREATE TRIGGER refuse_ring_claim BEFORE INSERT ON awa.receipts FOR EACH ROW
             WHEN (NEW.queue = 'broken')
             EXECUTE FUNCTION public.refuse_claim();""")

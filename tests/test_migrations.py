@@ -31,6 +31,22 @@ async def test_migrate_is_idempotent(empty_database_url: str) -> None:
         await conn.close()
 
 
+async def test_a_new_database_enqueues_into_the_ring_and_keeps_a_switch_off(
+        empty_database_url: str) -> None:
+    """migrate() on a database with no Awa schema switches the append-only lane on
+    (issue 42); a later migrate() leaves the switch where an operator put it."""
+    await awa.migrate(empty_database_url)
+    async with awa.AsyncClient(empty_database_url) as client:
+        pool = await client.pool()
+        assert await pool.fetchval("SELECT enqueue FROM awa.ring") is True
+        job = await client.insert({"a": 1}, kind="k")
+        assert await pool.fetchval("SELECT count(*) FROM awa.ready WHERE id = $1", job.id) == 1
+        await client.set_ring_enqueue(False)
+        assert await awa.migrate(empty_database_url) == []
+        assert await pool.fetchval("SELECT enqueue FROM awa.ring") is False
+    # An upgraded database keeps enqueueing into awa.jobs: tests/test_ring_upgrade.py.
+
+
 async def test_ten_concurrent_migrations_apply_once(empty_database_url: str) -> None:
     results = await asyncio.gather(*(awa.migrate(empty_database_url) for _ in range(10)))
     applied = [r for r in results if r]

@@ -155,7 +155,7 @@ async def test_heartbeat_skips_a_locked_row_and_keeps_its_progress(
     # the moment the lock goes (its heartbeat is skipped meanwhile, by design).
     await client.start([("default", 2)], **{**FAST, "heartbeat_staleness_ms": 30_000})
     await wait_until(lambda: asyncio.sleep(0, len(contexts) == 2))
-    for job_id in (locked.id, other.id):  # ring attempts (AWA_TEST_RING=1) move to awa.jobs
+    for job_id in (locked.id, other.id):  # ring attempts move to awa.jobs
         await conn.execute(TO_MUTABLE, job_id)
     beat_sql = "SELECT heartbeat_at FROM awa.jobs WHERE id = $1"
     async with conn.transaction():

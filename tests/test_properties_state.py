@@ -199,7 +199,7 @@ class JobMachine(RuleBasedStateMachine):
             assert isinstance(error, awa.UniqueConflict), error
         else:
             assert error is None, error
-        new = self.run(self.conn.fetch(  # either lane (AWA_TEST_RING=1: plain jobs in the ring)
+        new = self.run(self.conn.fetch(  # either lane (plain jobs: the ring)
             "SELECT id FROM awa.jobs_active WHERE id > $1 AND kind = ANY($2::text[]) ORDER BY id",
             self.model.max_id, ["task", "plain"]))
         expected = [] if path == "rollback" else [p for p in plan if p is not None]

@@ -18,7 +18,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import asyncpg
 import pytest
 from click.testing import CliRunner
-from tests.helpers import FAST, wait_for_state, wait_until
+from tests.helpers import FAST, TO_MUTABLE, wait_for_state, wait_until
 from tests.ui_helpers import call, serving
 
 import awa
@@ -136,6 +136,7 @@ async def test_runtime_role_runs_workers_maintenance_cron_dlq_and_callbacks(
         stale = await client.insert(Work(99))
         owner = await asyncpg.connect(roles.owner)
         try:  # a crashed worker's attempt, for the runtime role's rescue to take over
+            await owner.execute(TO_MUTABLE, stale.id)
             await owner.execute("UPDATE awa.jobs SET state = 'running', attempt = 1, "
                                 "run_lease = 1, heartbeat_at = now() - interval '1 hour' "
                                 "WHERE id = $1", stale.id)

@@ -195,7 +195,7 @@ async def test_queue_depth_and_lag_gauges(client: awa.AsyncClient, otel: Otel) -
     later = await client.insert({"n": 2}, kind="idle_kind", queue="idle",
                                 run_at=datetime.now(UTC) + timedelta(hours=1))
     pool = await client.pool()
-    # Ring jobs (AWA_TEST_RING=1) move to awa.jobs first; a no-op otherwise.
+    # Ring jobs (unless AWA_TEST_RING=0) move to awa.jobs first; a no-op otherwise.
     await pool.execute("SELECT count(*) FROM awa.ring_to_mutable(ARRAY("
                        "SELECT id FROM awa.jobs_active WHERE queue = 'idle'))")
     await pool.execute("UPDATE awa.jobs SET run_at = $2 WHERE id = $1", first.id, old)

@@ -92,13 +92,17 @@ class System:
         try:
             await client.migrate()
             info: dict = {}
-            # BENCH_AWA_RING: the databases (comma list, e.g. bench_awa) whose plain jobs
-            # are enqueued into the append-only lane (migration 0020), for A/B runs.
-            ring_dbs = os.environ.get("BENCH_AWA_RING", "").split(",")
-            if FLAVOR == "awa" and urlparse(url).path.lstrip("/").removesuffix("_tpl") in ring_dbs:
+            # A database migrated from nothing enqueues plain jobs into the append-only
+            # lane (migration 0020). BENCH_AWA_MUTABLE: the databases (comma list, e.g.
+            # bench_awabase) that enqueue into awa.jobs instead, as a database upgraded
+            # from before the ring does, for A/B runs.
+            mutable_dbs = os.environ.get("BENCH_AWA_MUTABLE", "").split(",")
+            if FLAVOR == "awa":
+                db = urlparse(url).path.lstrip("/").removesuffix("_tpl")
+                if db in mutable_dbs:
+                    await client.set_ring_enqueue(False)
                 pool = await client.pool()
-                await pool.execute("UPDATE awa.ring SET enqueue = true")
-                info["ring"] = True
+                info["ring"] = bool(await pool.fetchval("SELECT enqueue FROM awa.ring"))
             if FLAVOR == "awa-pg":
                 # awa-pg 0.6: a fresh database migrates to the "canonical" engine and
                 # flips to queue storage (its default engine, which enqueue_many_copy

@@ -186,9 +186,10 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         await self.migrate()
 
     async def set_ring_enqueue(self, on: bool) -> None:
-        """Enqueue plain jobs into the append-only lane from now on (``on``), or into
-        awa.jobs. Switch it on once every worker runs this release: older workers
-        claim only awa.jobs (docs/storage.md, "Switching it on, and upgrading")."""
+        """Enqueue plain jobs into the append-only lane from now on (``on``, the
+        default of a database `migrate` installs from nothing), or into awa.jobs. In
+        an upgraded database switch it on once every worker runs this release:
+        older workers claim only awa.jobs (docs/storage.md, "Switching it on")."""
         if not isinstance(on, bool):
             raise ValidationError("on", "must be a bool")
         pool = await self.pool()

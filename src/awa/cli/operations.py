@@ -274,8 +274,9 @@ def storage() -> None:
 @click.argument("state", type=click.Choice(["on", "off"]))
 @click.pass_obj
 def storage_ring(obj: dict[str, Any], state: str) -> None:
-    """Enqueue plain jobs into the append-only lane (on) or into awa.jobs (off).
-    Switch it on once every worker runs this release."""
+    """Enqueue plain jobs into the append-only lane (on; a new database's default) or
+    into awa.jobs (off). In an upgraded database, switch it on once every worker
+    runs this release."""
     run_with_client(obj, lambda c: c.set_ring_enqueue(state == "on"))
     click.echo(f"plain jobs are enqueued into {'the ring' if state == 'on' else 'awa.jobs'}")
 

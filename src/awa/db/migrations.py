@@ -15,7 +15,7 @@ from importlib import resources
 
 from awa.core.errors import SchemaNotMigrated
 from awa.db.pool import Conn
-from awa.db.queries import bind_schema, validate_schema
+from awa.db.queries import bind_schema, queries, validate_schema
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 #: First key of the two-int advisory lock; the second is hashtext(schema).
@@ -112,4 +112,10 @@ async def apply(conn: Conn, schema: str = "awa", *,
             applied.append(version)
             if progress is not None:
                 progress(len(applied), len(pending))
+        if have == 0 and applied:
+            # A database Awa installs from nothing enqueues plain jobs into the
+            # append-only lane, which keeps up under a held xmin horizon (issue
+            # 42): no worker of an older release can be serving it. An upgraded
+            # one keeps where it enqueued (docs/storage.md, "Switching it on").
+            await conn.execute(queries(schema)["ring_enqueue_set"], True)
         return applied
