@@ -300,12 +300,13 @@ class Harness:
     async def _wait_empty(self, deadline: float, where: str) -> None:
         while True:
             rows = await self.query(
-                f"SELECT count(*) AS n FROM awa.jobs WHERE {where}")  # noqa: S608
+                f"SELECT count(*) AS n FROM awa.jobs_active WHERE {where}")  # noqa: S608
             if rows[0]["n"] == 0:
                 return
             if time.monotonic() > deadline:
                 cols = "id, kind, state::text, attempt, run_at, heartbeat_at, now() AS now"
-                sample = f"SELECT {cols} FROM awa.jobs WHERE {where} ORDER BY id LIMIT 5"  # noqa: S608
+                sample = (f"SELECT {cols} FROM awa.jobs_active "  # noqa: S608
+                          f"WHERE {where} ORDER BY id LIMIT 5")
                 left = await self.query(sample)
                 self.report.violations.append(
                     f"not quiescent: {rows[0]['n']} jobs unfinished, e.g. "
@@ -401,7 +402,7 @@ class Harness:
                                "HAVING count(*) > 1 LIMIT 10")
         if dup:
             v.append(f"job ids finished more than once: {[dict(r) for r in dup]}")
-        left = await self.query("SELECT count(*) AS n FROM awa.jobs")
+        left = await self.query("SELECT count(*) AS n FROM awa.jobs_active")
         if left[0]["n"]:
             v.append(f"{left[0]['n']} jobs never reached a terminal state")
         # What ran is read from the workers' start ledgers, which no crash of the

@@ -189,7 +189,8 @@ async def held_xmin(url: str, jobs: int, hold_s: float) -> Report:
         samples: list[tuple[float, int, int]] = []
         while time.time() - start < hold_s and not h.feed_done.is_set():
             rows = await h.query(
-                "SELECT (SELECT count(*) FROM awa.jobs WHERE state = 'available') AS backlog, "
+                "SELECT (SELECT count(*) FROM awa.jobs_active "
+                "WHERE state = 'available') AS backlog, "
                 "coalesce((SELECT n_dead_tup FROM pg_stat_user_tables "
                 "WHERE relid = 'awa.jobs'::regclass), 0) AS dead")
             samples.append((time.time(), rows[0]["backlog"], rows[0]["dead"]))
@@ -316,7 +317,7 @@ async def recovery_time_defaults(url: str, victim_is_leader: bool = False) -> Re
                               victim.pid))[0]["n"]
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            rows = await h.query("SELECT count(*) AS n FROM awa.jobs")
+            rows = await h.query("SELECT count(*) AS n FROM awa.jobs_active")
             if rows[0]["n"] == 0:
                 break
             await asyncio.sleep(0.2)
