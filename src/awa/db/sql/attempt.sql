@@ -183,7 +183,7 @@ WITH c AS MATERIALIZED (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::smallint[], $3::jsonb[])
         AS c(id, lease, slot, output)
 ), opened AS MATERIALIZED (
-    SELECT c.id, c.output, awa.ring_job(w, r, NULL) AS j FROM c
+    SELECT c.slot, c.id, c.lease, c.output, awa.ring_job(w, r, NULL) AS j FROM c
     CROSS JOIN LATERAL (SELECT * FROM awa.receipts r
                         WHERE r.slot = c.slot AND r.id = c.id AND r.run_lease = c.lease
                         LIMIT 1) r
@@ -193,8 +193,7 @@ WITH c AS MATERIALIZED (
     WHERE c.slot IS NOT NULL
 ), closed AS (
     INSERT INTO awa.closures (slot, id, run_lease, outcome)
-    SELECT c.slot, c.id, c.lease, awa.ring_outcome('completed')
-    FROM c JOIN opened o ON o.id = c.id
+    SELECT o.slot, o.id, o.lease, awa.ring_outcome('completed') FROM opened o
     ON CONFLICT DO NOTHING
     RETURNING id
 ), outputs AS MATERIALIZED (
