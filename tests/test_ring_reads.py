@@ -140,3 +140,47 @@ async def test_backpressure_counts_available_ring_jobs(
         await ring.fetchval("SELECT pg_current_xact_id()")
         again = await tx.insert(Item(11), queue="bp", backpressure="signal")
         assert again.queue_depth is not None and again.queue_depth.depth == 7
+
+
+async def test_queue_stats_stays_linear_after_a_partition_was_seen_empty(
+        ring: asyncpg.Connection) -> None:
+    """A plan made while a ring partition is empty (and analyzed so) must not turn
+    quadratic once the ring turns into it and fills (migration 0024): queue_stats
+    planned so ran for minutes at 2,000 jobs/s in the held-xmin cell."""
+    conn = ring
+    fill = """WITH w AS (INSERT INTO awa.ready (slot, queue, priority, kind, args, max_attempts)
+                         SELECT $1, 'big', 2, 'k', '{}', 5 FROM generate_series(1, 20000)
+                         RETURNING id),
+                   r AS (INSERT INTO awa.receipts (slot, id, run_lease, queue, ready_slot)
+                         SELECT $1, id, 1, 'big', $1 FROM w ORDER BY id LIMIT $2 RETURNING id)
+              INSERT INTO awa.closures (slot, id, run_lease, outcome)
+              SELECT $1, id, 1, awa.ring_outcome('completed') FROM r ORDER BY id LIMIT $3"""
+    await conn.execute(fill, 0, 20000, 20000)  # slot 0: 20,000 jobs done
+    # Every partition analyzed as autovacuum did: slot 0 full, the others just emptied.
+    await conn.execute("ANALYZE awa.ready, awa.receipts, awa.closures")
+    await conn.fetch(Q["queue_stats"])  # planned now, and the plan kept by this connection
+    assert await conn.fetchval("SELECT awa.ring_advance()") == 1
+    await conn.execute(fill, 1, 20000, 15000)  # slot 1: 20,000 claimed, 15,000 done
+    began = datetime.now(UTC)
+    stats = {r["queue"]: r for r in await conn.fetch(Q["queue_stats"])}
+    took = datetime.now(UTC) - began
+    assert (stats["big"]["available"], stats["big"]["running"]) == (0, 5_000)
+    # Generous: hashing takes tens of milliseconds here; the old plan probed the
+    # new partition with a sequential scan per row (minutes, at the cell's sizes).
+    assert took < timedelta(seconds=5), took
+
+
+async def test_autovacuum_leaves_the_ring_partitions_and_their_counts_unknown(
+        ring: asyncpg.Connection) -> None:
+    """Migration 0024: no ring partition is vacuumed or analyzed by autovacuum, so
+    none is recorded as empty just after its truncation."""
+    rows = await conn_reloptions(ring)
+    assert len(rows) == 24 and all("autovacuum_enabled=off" in r for r in rows)
+
+
+async def conn_reloptions(conn: asyncpg.Connection) -> list[str]:
+    return [",".join(r["reloptions"] or []) for r in await conn.fetch(
+        """SELECT c.reloptions FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+           WHERE i.inhparent IN ('awa.ready'::regclass, 'awa.ready_cancels'::regclass,
+                                 'awa.claim_log'::regclass, 'awa.receipts'::regclass,
+                                 'awa.closures'::regclass, 'awa.heartbeats'::regclass)""")]

@@ -381,14 +381,67 @@ async def test_a_table_not_spent_is_left_without_waiting_for_its_lock(
     assert claimed["id"] == job
 
 
+async def turn_to(pool: asyncpg.Pool, slot: int) -> None:
+    """A turn of the ring straight to ``slot`` (migration 0024's record of turns)."""
+    await pool.execute("INSERT INTO awa.ring_turns (n, slot) "
+                       "SELECT max(n) + 1, $1 FROM awa.ring_turns", slot)
+
+
 async def test_the_ring_advances_only_into_an_empty_slot(pool: asyncpg.Pool) -> None:
     await move_ring_to(pool, 3)
-    await pool.execute("UPDATE awa.ring SET slot = 0")
+    await turn_to(pool, 0)
     await ring(pool)  # slot 0 in use
-    await pool.execute("UPDATE awa.ring SET slot = 3")
+    await turn_to(pool, 3)
     assert await pool.fetchval("SELECT awa.ring_advance()") is None
     assert await pool.fetchval("SELECT awa.ring_slot()") == 3
     assert not await reclaim(pool, "receipts", 3)  # the slot being written is never reclaimed
+
+
+async def test_a_turn_of_the_ring_is_a_new_row_and_no_row_changes(pool: asyncpg.Pool) -> None:
+    """Migration 0024: turning the ring updates nothing, so a held horizon keeps no
+    dead row versions of it (0020 updated awa.ring's one row every turn)."""
+    config = await pool.fetchval("SELECT xmin::text FROM awa.ring_config")
+    await move_ring_to(pool, 3)
+    turns = await pool.fetch("SELECT n, slot, xmin::text AS x FROM awa.ring_turns ORDER BY n")
+    assert [(t["n"], t["slot"]) for t in turns] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    await move_ring_to(pool, 0)  # round again: slot 0 from turn 4
+    assert await pool.fetchval("SELECT awa.ring_slot()") == 0
+    assert await pool.fetchval("SELECT max(n) FROM awa.ring_turns") == 4
+    # No turn was rewritten, nor the settings row; awa.ring still reads as 0020's row.
+    again = await pool.fetch("SELECT xmin::text AS x FROM awa.ring_turns WHERE n <= 3 ORDER BY n")
+    assert [t["x"] for t in again] == [t["x"] for t in turns]
+    assert await pool.fetchval("SELECT xmin::text FROM awa.ring_config") == config
+    row = await pool.fetchrow("SELECT slot, slots, enqueue FROM awa.ring")
+    assert (row["slot"], row["slots"]) == (0, 4)
+    await pool.execute("UPDATE awa.ring SET enqueue = NOT enqueue")  # the old switch still works
+    assert await pool.fetchval("SELECT enqueue FROM awa.ring_config") is not row["enqueue"]
+
+
+async def test_two_turns_at_once_make_one(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as a, pool.acquire() as b:
+        async with a.transaction():
+            assert await a.fetchval("SELECT awa.ring_advance()") == 1
+            # b waits for a's turn 1 to commit, then finds it taken: no second turn.
+            racing = asyncio.ensure_future(b.fetchval("SELECT awa.ring_advance()"))
+            await asyncio.sleep(0.2)
+            assert not racing.done()
+        assert await racing is None
+    assert await pool.fetchval("SELECT count(*) FROM awa.ring_turns") == 2
+    assert await pool.fetchval("SELECT awa.ring_slot()") == 1
+
+
+async def test_turns_older_than_a_day_are_deleted_every_1440_turns(pool: asyncpg.Pool) -> None:
+    await pool.execute("UPDATE awa.ring_turns SET at = now() - interval '3 days'")  # turn 0
+    await pool.execute("""INSERT INTO awa.ring_turns (n, slot, at)
+                          SELECT g, g % 4, now() - interval '2 days' + g * interval '1 s'
+                          FROM generate_series(1, 1434) g""")
+    await pool.execute("INSERT INTO awa.ring_turns (n, slot) SELECT g, g % 4 "
+                       "FROM generate_series(1435, 1438) g")  # the last few: recent
+    assert await pool.fetchval("SELECT awa.ring_advance()") == 3  # turn 1439: no sweep
+    assert await pool.fetchval("SELECT count(*) FROM awa.ring_turns") == 1440
+    assert await pool.fetchval("SELECT awa.ring_advance()") == 0  # turn 1440: sweep
+    assert await pool.fetchval("SELECT min(n) FROM awa.ring_turns") == 1435
+    assert await pool.fetchval("SELECT awa.ring_slot()") == 0
 
 
 async def test_a_long_attempt_moves_to_the_mutable_lane_so_its_slot_can_go(

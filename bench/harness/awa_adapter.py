@@ -67,7 +67,8 @@ EVENT_TABLES = {
         "awa.jobs",
         "awa.jobs_done_default",
         "awa.queue_throughput",
-        "awa.ring",
+        "awa.ring_turns",  # migration 0024 (awa.ring, before it, is now a view)
+        "awa.ring_config",
         *(f"awa.{family}_{slot}" for family in RING_FAMILIES for slot in range(RING_SLOTS)),
     ],
     "awa-pg": [],  # filled in at startup from the engine's own schema
@@ -75,6 +76,8 @@ EVENT_TABLES = {
 # AWA_HARNESS_RING=0 leaves enqueue into the append-only lane off (the default
 # of a migrated database); anything else switches it on after migrate().
 RING_ON = os.environ.get("AWA_HARNESS_RING", "1").strip() != "0"
+# AWA_HARNESS_CLAIM_BATCH=n sets the queue's claim_batch_size (unset: Awa's default).
+CLAIM_BATCH = int(os.environ.get("AWA_HARNESS_CLAIM_BATCH", "0") or 0)
 AWA_PG_TABLES = (
     "queue_ring_state",
     "queue_ring_slots",
@@ -315,7 +318,10 @@ class Adapter:
                 await asyncio.sleep(work_s)
             self.completed += 1
 
-        await self.worker.start(queues=[(QUEUE, self.worker_count)])
+        queue: dict = {"name": QUEUE, "max_workers": self.worker_count}
+        if CLAIM_BATCH:  # AWA_HARNESS_CLAIM_BATCH: an A/B of the claim size (Awa only)
+            queue["claim_batch_size"] = CLAIM_BATCH
+        await self.worker.start(queues=[queue])
 
     # -- producer
 
@@ -412,10 +418,9 @@ class Adapter:
         """The observer's queue_depth / running_depth, from queue_stats() once per
         sample period (instance 0 only).
 
-        queue_stats() counts awa.jobs only, so with the append-only lane on
-        the ring's available jobs are missing from queue_depth. ring_depth
-        reports them separately (awa.ring_available, capped at 10^6), so that
-        queue_depth keeps meaning "what queue_stats() says"."""
+        queue_stats() counts both lanes; ring_depth reports the ring's
+        available jobs alone as its claim cursors count them
+        (awa.ring_available, capped at 10^6)."""
         assert self.producer is not None
         needed = INSTANCE == 0
         ring_conn = None

@@ -311,6 +311,11 @@ class PrivateCluster:
             f"unix_socket_directories = '{self.data}'",
             "synchronous_commit = on",
         ]
+        # HARNESS_PG_EXTRA_CONF=file: settings appended for a diagnostic run (for
+        # example auto_explain); published runs leave it unset.
+        extra = os.environ.get("HARNESS_PG_EXTRA_CONF")
+        if extra:
+            lines += ["", f"# {extra}", *Path(extra).read_text().splitlines()]
         with open(self.data / "postgresql.conf", "a") as fh:
             fh.write("\n" + "\n".join(lines) + "\n")
 

@@ -8,7 +8,7 @@
 -- no unique, ordering or concurrency key (those coordinate in awa.jobs).
 v AS (
     -- Each parameter appears once (psycopg sends a repeated one again, untyped).
-    SELECT x.*, (SELECT enqueue FROM awa.ring) AND x.state = 'available'
+    SELECT x.*, (SELECT enqueue FROM awa.ring_config) AND x.state = 'available'
                 AND x.unique_key IS NULL AND x.ordering_key IS NULL
                 AND x.concurrency_key IS NULL AS ring
     FROM (SELECT $1::text AS kind, $2::text AS queue, $3::text::jsonb AS args,
@@ -118,14 +118,14 @@ ORDER BY id
 -- (job_insert_values says why); every inserted job comes back as a jobs row,
 -- in id (input) order.
 routed AS MATERIALIZED (
-    SELECT s.*, (SELECT enqueue FROM awa.ring) AND s.state = 'available'
+    SELECT s.*, (SELECT enqueue FROM awa.ring_config) AND s.state = 'available'
                AND s.unique_key IS NULL AND s.ordering_key IS NULL
                AND s.concurrency_key IS NULL AS ring
     FROM src s
 ), to_ring AS (
     INSERT INTO awa.ready (slot, id, kind, queue, args, priority, max_attempts, run_at, tags,
                            metadata)
-    SELECT (SELECT slot FROM awa.ring), id, kind, queue, args, priority, max_attempts,
+    SELECT awa.ring_slot(), id, kind, queue, args, priority, max_attempts,
            coalesce(run_at, now()), tags, metadata
     FROM routed WHERE ring ORDER BY id
     RETURNING *
@@ -345,8 +345,8 @@ DELETE FROM awa.unique_claims
 -- name: storage_status
 -- ring_enqueue: whether plain jobs are inserted into the append-only lane
 -- (awa.ring.enqueue) rather than awa.jobs.
-SELECT (SELECT count(*) FROM awa.jobs_active) AS active_jobs,
-       (SELECT enqueue FROM awa.ring) AS ring_enqueue,
+SELECT (SELECT coalesce(sum(n), 0) FROM awa.active_counts())::bigint AS active_jobs,
+       (SELECT enqueue FROM awa.ring_config) AS ring_enqueue,
        (SELECT count(*) FROM pg_inherits WHERE inhparent = 'awa.jobs_done'::regclass)
            AS partitions,
        (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
@@ -411,4 +411,4 @@ ON CONFLICT DO NOTHING
 -- name: ring_takes_inserts
 -- Whether plain jobs are enqueued into the append-only lane (migration 0020),
 -- and the slot they go to.
-SELECT enqueue, slot FROM awa.ring
+SELECT enqueue, awa.ring_slot() AS slot FROM awa.ring_config

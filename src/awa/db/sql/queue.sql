@@ -53,19 +53,18 @@ INSERT INTO awa.jobs_done
 SELECT f.* FROM moved m, LATERAL awa.finished(m.j, 'cancelled', $2::interval) f
 
 -- name: queue_stats
--- Active counts come from the active jobs of both lanes (awa.jobs_active: the
--- mutable lane and the ring's available and running jobs, whose spent rows
--- the ring's rotation keeps bounded); failures from a small partial index;
--- completions from the per-minute rollup. No history scans.
+-- Active counts come from awa.active_counts() (migration 0024: both lanes'
+-- active jobs, joined by hashing whatever plan is cached); failures from a
+-- small partial index; completions from the per-minute rollup. No history scans.
 WITH active AS (
     SELECT queue,
-           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
-           count(*) FILTER (WHERE state = 'available') AS available,
-           count(*) FILTER (WHERE state = 'retryable') AS retryable,
-           count(*) FILTER (WHERE state = 'running') AS running,
-           count(*) FILTER (WHERE state = 'waiting_external') AS waiting_external,
-           min(run_at) FILTER (WHERE state = 'available') AS oldest_available
-    FROM awa.jobs_active GROUP BY queue
+           sum(n) FILTER (WHERE state = 'scheduled')::bigint AS scheduled,
+           sum(n) FILTER (WHERE state = 'available')::bigint AS available,
+           sum(n) FILTER (WHERE state = 'retryable')::bigint AS retryable,
+           sum(n) FILTER (WHERE state = 'running')::bigint AS running,
+           sum(n) FILTER (WHERE state = 'waiting_external')::bigint AS waiting_external,
+           min(oldest) FILTER (WHERE state = 'available') AS oldest_available
+    FROM awa.active_counts() GROUP BY queue
 ), failed AS (
     SELECT queue, count(*) AS failed FROM awa.jobs_done WHERE state = 'failed' GROUP BY queue
 ), completed AS (
@@ -106,15 +105,13 @@ WHERE n > 0
 -- name: queue_depth_lag
 -- The awa.queue.depth and awa.queue.lag gauges: active jobs by queue and
 -- state, and the age of each queue's oldest available job. One pass over the
--- active jobs of both lanes (awa.jobs_active; finished jobs live elsewhere),
--- run by the leader every ~15 s.
-SELECT queue, state::text AS state, count(*) AS depth,
-       CASE WHEN state = 'available'
-                 AND isfinite(min(run_at))
-            THEN greatest(date_part('epoch', now()) - date_part('epoch', min(run_at)), 0)
+-- active jobs of both lanes (awa.active_counts(); finished jobs live
+-- elsewhere), run by the leader every ~15 s.
+SELECT queue, state::text AS state, n AS depth,
+       CASE WHEN state = 'available' AND isfinite(oldest)
+            THEN greatest(date_part('epoch', now()) - date_part('epoch', oldest), 0)
        END AS lag_seconds
-FROM awa.jobs_active
-GROUP BY queue, state
+FROM awa.active_counts()
 
 -- name: queue_unpause_all
 DELETE FROM awa.queues

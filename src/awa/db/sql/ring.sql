@@ -13,8 +13,8 @@ SELECT awa.ring_advance() AS slot
 
 -- name: ring_state
 -- The slot being written and the tables (family, slot) that hold rows.
-SELECT g.slot AS current, g.slots, o.family, o.slot
-FROM awa.ring g, awa.ring_occupied() o
+SELECT awa.ring_slot() AS current, g.slots, o.family, o.slot
+FROM awa.ring_config g, awa.ring_occupied() o
 
 -- name: ring_reclaim
 -- Truncate table $1 of slot $2 if every row in it is spent (true), in the
@@ -23,9 +23,9 @@ SELECT awa.ring_reclaim($1::text, $2::smallint)
 
 -- name: ring_enqueue_set
 -- Whether plain jobs are enqueued into the ring from now on ($1).
-UPDATE awa.ring SET enqueue = $1::boolean
+UPDATE awa.ring_config SET enqueue = $1::boolean
 
 -- name: ring_lanes_state
 -- Whether plain jobs are enqueued into the ring, and whether claims must read
 -- it (it takes jobs, or a lane of it was ever used). awa.db.lanes caches this.
-SELECT enqueue, enqueue OR EXISTS (SELECT 1 FROM awa.ring_lanes) AS in_use FROM awa.ring
+SELECT enqueue, enqueue OR EXISTS (SELECT 1 FROM awa.ring_lanes) AS in_use FROM awa.ring_config

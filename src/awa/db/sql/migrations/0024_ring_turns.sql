@@ -1,0 +1,138 @@
+-- 0024: the ring's turns become an append-only record (issue 42).
+--
+-- awa.ring was one row that every turn of the ring updated (slot, rotated_at):
+-- one dead row version a turn, about 120 an hour, which a held xmin horizon
+-- keeps; and every enqueue and claim reads that row (awa.ring_slot()), so
+-- under a held horizon each read walked every version the hold kept, a cost
+-- that grew with the length of the hold. It was the one table on the hot path
+-- whose dead tuples grew with the phase of the held-xmin cell.
+--
+-- Now each turn is a new row of awa.ring_turns (turn n, the slot written from
+-- then on). The current slot is the row with the highest n: a backward scan
+-- of the primary key that stops at the first entry, which is always live, so
+-- its cost does not depend on how many turns a held horizon keeps. Two turns
+-- racing for the same n: the second inserts nothing (ON CONFLICT DO NOTHING)
+-- and reports no turn. Turns older than a day are deleted, a batch every 1,440
+-- turns (12 hours at a turn every 30 s), in rows no reader visits.
+--
+-- The settings (slots, enqueue) stay one row, now awa.ring_config, which only
+-- an operator's switch updates. awa.ring becomes a view with the columns it
+-- had, so statements of workers of the previous release (which read
+-- awa.ring.slot, and update awa.ring.enqueue) keep working during a rolling
+-- upgrade. Nothing else changes and no job row moves.
+
+CREATE TABLE awa.ring_turns (
+    n    bigint PRIMARY KEY,
+    slot smallint NOT NULL,
+    at   timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO awa.ring_turns (n, slot, at) SELECT 0, slot, rotated_at FROM awa.ring;
+
+ALTER TABLE awa.ring RENAME TO ring_config;
+ALTER TABLE awa.ring_config DROP COLUMN slot, DROP COLUMN rotated_at;
+
+-- The slot new rows go to: the latest turn.
+CREATE OR REPLACE FUNCTION awa.ring_slot() RETURNS smallint
+LANGUAGE sql STABLE AS $$ SELECT slot FROM awa.ring_turns ORDER BY n DESC LIMIT 1 $$;
+
+-- awa.ring as it was (0020), for statements that read or switch it by that
+-- name; `UPDATE awa.ring SET enqueue = ...` updates awa.ring_config through it.
+CREATE VIEW awa.ring AS
+    SELECT c.one,
+           (SELECT t.slot FROM awa.ring_turns t ORDER BY t.n DESC LIMIT 1) AS slot,
+           c.slots,
+           (SELECT t.at FROM awa.ring_turns t ORDER BY t.n DESC LIMIT 1) AS rotated_at,
+           c.enqueue
+    FROM awa.ring_config c;
+
+-- Move the ring on when the next slot is empty: a new turn. The new slot, or
+-- NULL (the next slot holds rows, or another turn was taken meanwhile).
+CREATE OR REPLACE FUNCTION awa.ring_advance() RETURNS smallint
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur awa.ring_turns;
+    nxt smallint;
+    won boolean;
+BEGIN
+    SELECT * INTO cur FROM awa.ring_turns ORDER BY n DESC LIMIT 1;
+    nxt := (cur.slot + 1) % (SELECT slots FROM awa.ring_config);
+    IF EXISTS (SELECT 1 FROM awa.ready WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.ready_cancels WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.receipts WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.closures WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.heartbeats WHERE slot = nxt)
+       OR EXISTS (SELECT 1 FROM awa.claim_log WHERE slot = nxt) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO awa.ring_turns (n, slot) VALUES (cur.n + 1, nxt)
+    ON CONFLICT (n) DO NOTHING
+    RETURNING true INTO won;
+    IF won IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF (cur.n + 1) % 1440 = 0 THEN
+        DELETE FROM awa.ring_turns WHERE n < cur.n + 1 AND at < now() - interval '1 day';
+    END IF;
+    RETURN nxt;
+END $$;
+
+-- Counts that stay linear whatever the planner believes of the ring.
+--
+-- The ring's partitions are emptied by TRUNCATE and filled again within a
+-- turn. Autovacuum analyzed a partition just after its truncation and
+-- recorded it as empty (reltuples 0), and a plan made then (queue_stats, a
+-- prepared statement planned once per connection) probed that partition with
+-- a sequential scan per outer row: with tens of thousands of rows in each,
+-- one call ran for minutes, burnt a core, and held the partitions' locks so
+-- the ring could not be reclaimed (the held-xmin cell at 2,000/s: claim p99
+-- 96 ms; the 60-minute cell's 5-22 s queue_stats calls). Two changes:
+--
+-- * Autovacuum leaves the ring's partitions alone. They are append-only and
+--   truncated every few turns, so vacuum has nothing to remove and freezing
+--   nothing to do (a truncated table starts afresh; anti-wraparound vacuum
+--   still runs if a slot ever lived that long). Their pg_class counts stay
+--   "unknown" after each truncation, and plans use the partition's real size
+--   when they are made.
+-- * The counts of active jobs come from one function that joins by hashing
+--   only (no nested loop, no parallel workers on a small machine): linear in
+--   the ring's rows whatever plan is cached. Counts, gauges and storage
+--   status read it.
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOR s IN 0..3 LOOP
+        FOREACH t IN ARRAY ARRAY['ready', 'ready_cancels', 'claim_log', 'receipts',
+                                 'closures', 'heartbeats'] LOOP
+            EXECUTE format('ALTER TABLE awa.%I SET (autovacuum_enabled = off, '
+                           'toast.autovacuum_enabled = off)', t || '_' || s);
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- Active jobs by queue and state, both lanes (the rows awa.jobs_active holds),
+-- and the oldest run_at of each (queue, state).
+CREATE FUNCTION awa.active_counts()
+RETURNS TABLE (queue text, state awa.job_state, n bigint, oldest timestamptz)
+LANGUAGE sql STABLE
+SET enable_nestloop = off SET max_parallel_workers_per_gather = 0 AS $$
+    SELECT queue, state, sum(n)::bigint, min(oldest) FROM (
+        SELECT j.queue::text AS queue, j.state, count(*) AS n, min(j.run_at) AS oldest
+        FROM awa.jobs j GROUP BY 1, 2
+        UNION ALL
+        SELECT w.queue, 'available', count(*), min(w.run_at)
+        FROM awa.ready w
+        WHERE NOT EXISTS (SELECT 1 FROM awa.receipts r
+                          WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
+          AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
+                          WHERE k.slot = w.slot AND k.id = w.id AND k.lease_base = w.lease_base)
+        GROUP BY 1
+        UNION ALL
+        SELECT r.queue, 'running', count(*), NULL
+        FROM awa.receipts r
+        WHERE NOT EXISTS (SELECT 1 FROM awa.closures c
+                          WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
+        GROUP BY 1
+    ) c
+    GROUP BY queue, state
+$$;
