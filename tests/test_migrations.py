@@ -167,3 +167,42 @@ async def test_column_domains_upgrade_keeps_jobs_and_grants(empty_database_url: 
         await conn.execute(f'DROP OWNED BY "{role}"')
         await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
         await conn.close()
+
+
+async def test_the_ring_turns_upgrade_keeps_its_slot_switch_and_grants(
+        empty_database_url: str) -> None:
+    """0024 replaces awa.ring's row by a record of turns: the slot being written,
+    the enqueue switch and the rights granted on awa.ring carry over, and a role
+    granted them can still enqueue into and read the ring without a new `awa grants`."""
+    role = f"awa_ring_{abs(hash(empty_database_url)) % 10**8}"
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute("CREATE SCHEMA awa")
+            for _, _, sql in migrations.migrations_range(0, 23):
+                await conn.execute(sql)
+            await conn.execute("CREATE TABLE awa.schema_migrations (version integer PRIMARY "
+                               "KEY, description text NOT NULL, applied_at timestamptz "
+                               "NOT NULL DEFAULT now())")
+            await conn.execute("INSERT INTO awa.schema_migrations (version, description) "
+                               "SELECT g, 'old' FROM generate_series(1, 23) g")
+        await conn.execute("UPDATE awa.ring SET slot = 2, enqueue = true")
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.execute(f'CREATE ROLE "{role}"')
+        await conn.execute(f'GRANT USAGE ON SCHEMA awa TO "{role}"')
+        await conn.execute(f'GRANT SELECT, UPDATE ON awa.ring TO "{role}"')
+        assert await awa.migrate(empty_database_url) == [24]
+        assert await conn.fetchval("SELECT awa.ring_slot()") == 2
+        assert await conn.fetchval("SELECT enqueue FROM awa.ring_config") is True
+        for table, right in (("awa.ring_turns", "SELECT"), ("awa.ring", "SELECT"),
+                             ("awa.ring", "UPDATE")):
+            assert await conn.fetchval("SELECT has_table_privilege($1, $2, $3)",
+                                       role, table, right), (table, right)
+        async with conn.transaction():
+            await conn.execute(f'SET LOCAL ROLE "{role}"')
+            assert await conn.fetchval("SELECT slot FROM awa.ring") == 2
+            assert await conn.fetchval("SELECT awa.ring_slot()") == 2
+    finally:
+        await conn.execute(f'DROP OWNED BY "{role}"')
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.close()

@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -318,9 +319,10 @@ class Adapter:
                 await asyncio.sleep(work_s)
             self.completed += 1
 
-        queue: dict = {"name": QUEUE, "max_workers": self.worker_count}
+        queue: Any = (QUEUE, self.worker_count)
         if CLAIM_BATCH:  # AWA_HARNESS_CLAIM_BATCH: an A/B of the claim size (Awa only)
-            queue["claim_batch_size"] = CLAIM_BATCH
+            queue = {"name": QUEUE, "max_workers": self.worker_count,
+                     "claim_batch_size": CLAIM_BATCH}
         await self.worker.start(queues=[queue])
 
     # -- producer

@@ -125,7 +125,7 @@ routed AS MATERIALIZED (
 ), to_ring AS (
     INSERT INTO awa.ready (slot, id, kind, queue, args, priority, max_attempts, run_at, tags,
                            metadata)
-    SELECT awa.ring_slot(), id, kind, queue, args, priority, max_attempts,
+    SELECT (SELECT awa.ring_slot()), id, kind, queue, args, priority, max_attempts,
            coalesce(run_at, now()), tags, metadata
     FROM routed WHERE ring ORDER BY id
     RETURNING *

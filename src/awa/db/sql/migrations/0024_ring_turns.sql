@@ -23,7 +23,7 @@
 
 CREATE TABLE awa.ring_turns (
     n    bigint PRIMARY KEY,
-    slot smallint NOT NULL,
+    slot smallint NOT NULL CHECK (slot >= 0),
     at   timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO awa.ring_turns (n, slot, at) SELECT 0, slot, rotated_at FROM awa.ring;
@@ -44,6 +44,22 @@ CREATE VIEW awa.ring AS
            (SELECT t.at FROM awa.ring_turns t ORDER BY t.n DESC LIMIT 1) AS rotated_at,
            c.enqueue
     FROM awa.ring_config c;
+
+-- Every role that could read or switch awa.ring (`awa grants`, or default
+-- privileges) gets the same rights on what replaces it: enqueue and claim read
+-- awa.ring_turns from now on, and the previous release's statements read the
+-- view, so none may be refused between this migration and a later `awa grants`.
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT a.grantee, a.privilege_type
+             FROM pg_class c, aclexplode(c.relacl) a
+             WHERE c.oid = 'awa.ring_config'::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON awa.ring_turns, awa.ring TO %s', g.privilege_type,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+END $$;
 
 -- Move the ring on when the next slot is empty: a new turn. The new slot, or
 -- NULL (the next slot holds rows, or another turn was taken meanwhile).
@@ -136,3 +152,62 @@ SET enable_nestloop = off SET max_parallel_workers_per_gather = 0 AS $$
     ) c
     GROUP BY queue, state
 $$;
+
+-- Reclaim, as 0023, and once the table is locked it checks again that s is
+-- not the slot being written. 0023 checked only before the lock: a turn into
+-- s committed while the lock was waited for (two leaders overlapping, for a
+-- moment, around a failover) would have had claim_log's needed ticks carried
+-- into s itself and then truncated with it. A turn needs s empty, and it
+-- waits for this lock to read s, so the check under the lock is final.
+CREATE OR REPLACE FUNCTION awa.ring_reclaim(family text, s smallint) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ok boolean;
+BEGIN
+    IF family NOT IN ('ready', 'ready_cancels', 'receipts', 'closures', 'heartbeats',
+                      'claim_log') THEN
+        RAISE EXCEPTION 'no such ring table: %', family;
+    END IF;
+    IF s = awa.ring_slot() THEN
+        RETURN false;  -- the slot being written
+    END IF;
+    FOR pass IN 1..2 LOOP
+        IF pass = 2 THEN
+            -- Spent, as far as could be seen without the lock: lock, then look
+            -- again. Once locked, the table holds every row it will ever hold
+            -- (a producer or claim that wrote into it has committed).
+            EXECUTE format('LOCK TABLE awa.%I IN ACCESS EXCLUSIVE MODE', family || '_' || s);
+            IF s = awa.ring_slot() THEN
+                RETURN false;  -- the ring turned into s while the lock was waited for
+            END IF;
+        END IF;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM awa.%I)', family || '_' || s) INTO ok;
+        IF NOT ok THEN
+            RETURN false;
+        END IF;
+        IF family = 'receipts' THEN
+            -- Attempts still open here move to the mutable lane (a `moved`
+            -- closure, first come first served): a long job never pins the ring.
+            PERFORM awa.ring_materialize(array_agg(r.slot), array_agg(r.id),
+                                         array_agg(r.run_lease))
+            FROM awa.receipts r
+            WHERE r.slot = s AND NOT EXISTS (
+                SELECT 1 FROM awa.closures c
+                WHERE c.slot = s AND c.id = r.id AND c.run_lease = r.run_lease)
+            HAVING count(*) > 0;
+        END IF;
+        IF family <> 'claim_log' AND NOT awa.ring_spent(family, s) THEN
+            RETURN false;  -- not spent (before the lock: none taken, nobody waited)
+        END IF;
+    END LOOP;
+    -- claim_log: the ticks a queue's cursors still need (from the one before
+    -- its oldest lane cursor on, the newest always) move to the current slot,
+    -- so an idle queue does not pin the ring; the rest are spent. The table's
+    -- lock keeps claims from reading it meanwhile.
+    IF family = 'claim_log' THEN
+        PERFORM awa.ring_carry_ticks(s);
+    END IF;
+    EXECUTE format('TRUNCATE awa.%I', family || '_' || s);
+    RETURN true;
+END $$;
+REVOKE EXECUTE ON FUNCTION awa.ring_reclaim(text, smallint) FROM PUBLIC;
