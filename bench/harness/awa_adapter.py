@@ -36,10 +36,10 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlparse
 
 # Never let a file in this directory shadow the library.
