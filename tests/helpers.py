@@ -11,7 +11,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 import awa
+from awa.db import migrations
 
 #: Test setup that changes awa.jobs rows by hand: the job $1, if it is in the
 #: append-only lane (the default of a new database), moves to awa.jobs first
@@ -80,3 +83,18 @@ def idle_task(client: awa.AsyncClient, queue: str = "idle") -> None:
     @client.task(kind=f"idle_{queue}", queue=queue)
     async def idle(job: Any) -> None:
         return None
+
+
+async def schema_at(conn: asyncpg.Connection, version: int) -> None:
+    """The awa schema as release ``version`` left it (migrations 1..version),
+    recorded as applied a day ago: the starting point of an upgrade test."""
+    async with conn.transaction():
+        await conn.execute("CREATE SCHEMA awa")
+        for _, _, sql in migrations.migrations_range(0, version):
+            await conn.execute(sql)
+        await conn.execute("CREATE TABLE awa.schema_migrations (version integer PRIMARY KEY, "
+                           "description text NOT NULL, applied_at timestamptz NOT NULL "
+                           "DEFAULT now())")
+        await conn.execute("INSERT INTO awa.schema_migrations (version, description, "
+                           "applied_at) SELECT g, 'old', now() - interval '1 day' "
+                           "FROM generate_series(1, $1::int) g", version)

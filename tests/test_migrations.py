@@ -6,6 +6,7 @@ import asyncio
 
 import asyncpg
 import pytest
+from tests.helpers import schema_at
 
 import awa
 from awa.db import migrations
@@ -130,15 +131,7 @@ async def test_column_domains_upgrade_keeps_jobs_and_grants(empty_database_url: 
     role = f"awa_reader_{abs(hash(empty_database_url)) % 10**8}"
     conn = await asyncpg.connect(empty_database_url)
     try:
-        async with conn.transaction():
-            await conn.execute("CREATE SCHEMA awa")
-            for _, _, sql in migrations.migrations_range(0, 16):
-                await conn.execute(sql)
-            await conn.execute("CREATE TABLE awa.schema_migrations (version integer PRIMARY "
-                               "KEY, description text NOT NULL, applied_at timestamptz "
-                               "NOT NULL DEFAULT now())")
-            await conn.execute("INSERT INTO awa.schema_migrations (version, description) "
-                               "SELECT g, 'old' FROM generate_series(1, 16) g")
+        await schema_at(conn, 16)
         await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
         await conn.execute(f'CREATE ROLE "{role}"')
         await conn.execute(f'GRANT SELECT ON awa.jobs_all TO "{role}"')
@@ -177,15 +170,7 @@ async def test_the_ring_turns_upgrade_keeps_its_slot_switch_and_grants(
     role = f"awa_ring_{abs(hash(empty_database_url)) % 10**8}"
     conn = await asyncpg.connect(empty_database_url)
     try:
-        async with conn.transaction():
-            await conn.execute("CREATE SCHEMA awa")
-            for _, _, sql in migrations.migrations_range(0, 23):
-                await conn.execute(sql)
-            await conn.execute("CREATE TABLE awa.schema_migrations (version integer PRIMARY "
-                               "KEY, description text NOT NULL, applied_at timestamptz "
-                               "NOT NULL DEFAULT now())")
-            await conn.execute("INSERT INTO awa.schema_migrations (version, description) "
-                               "SELECT g, 'old' FROM generate_series(1, 23) g")
+        await schema_at(conn, 23)
         await conn.execute("UPDATE awa.ring SET slot = 2, enqueue = true")
         await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
         await conn.execute(f'CREATE ROLE "{role}"')

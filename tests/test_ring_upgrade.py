@@ -14,27 +14,12 @@ import uuid
 from typing import Any
 
 import asyncpg
-from tests.helpers import FAST, wait_until
+from tests.helpers import FAST, schema_at, wait_until
 
 import awa
-from awa.db import migrations
 
 TABLES = ("awa.jobs", "awa.jobs_done", "awa.dlq", "awa.job_dependencies", "awa.unique_claims")
 TERMINAL = {awa.JobState.Completed, awa.JobState.Failed, awa.JobState.Cancelled}
-
-
-async def _at_0019(conn: asyncpg.Connection) -> None:
-    """The schema as release 0019 left it."""
-    async with conn.transaction():
-        await conn.execute("CREATE SCHEMA awa")
-        for _, _, sql in migrations.migrations_range(0, 19):
-            await conn.execute(sql)
-        await conn.execute("CREATE TABLE awa.schema_migrations (version integer PRIMARY KEY, "
-                           "description text NOT NULL, applied_at timestamptz NOT NULL "
-                           "DEFAULT now())")
-        await conn.execute("INSERT INTO awa.schema_migrations (version, description, "
-                           "applied_at) SELECT g, 'old', now() - interval '1 day' "
-                           "FROM generate_series(1, 19) g")
 
 
 async def _job(conn: asyncpg.Connection, kind: str, state: str = "available",
@@ -60,7 +45,7 @@ async def _snapshot(conn: asyncpg.Connection) -> dict[str, list[asyncpg.Record]]
 async def test_every_live_job_survives_the_upgrade_and_runs(empty_database_url: str) -> None:
     conn = await asyncpg.connect(empty_database_url)
     try:
-        await _at_0019(conn)
+        await schema_at(conn, 19)
         long_ago = "now() - interval '1 hour'"
         ids = {
             "available": await _job(conn, "plain"),

@@ -121,7 +121,7 @@ class Pipeline:
             depths = {} if e.backpressure == "off" else await self._measure(conn, e)
             if e.parents is None:
                 with translated():  # an unmigrated schema says so, as the insert would
-                    ring = self.lanes is None or await self.lanes.enqueue(conn)
+                    ring = None if self.lanes is None else await self.lanes.enqueue(conn)
                 inserted = await producer.insert_one(conn, self.q, job, InsertedJob, ring)
             else:
                 ids, policy = cast(Parents, e.parents[0])

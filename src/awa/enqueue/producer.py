@@ -254,15 +254,23 @@ def _type_spec(o: _Options, cls: Any) -> tuple[str, str, tuple[str, ...] | None]
 
 async def insert_one(conn: Conn, q: Queries, job: PreparedJob,
                      job_type: type[J] = Job,  # type: ignore[assignment]
-                     ring: bool = True) -> J:
+                     ring: bool | None = None) -> J:
     """Insert one prepared job; raises `UniqueConflict` on a duplicate key.
 
     ``job_type``: the `Job` class to build (the client's `InsertedJob`).
-    ``ring``: whether the append-only lane may take it (awa.db.lanes); False
-    skips the routing, a tenth of a single insert's cost."""
+    ``ring``: whether the append-only lane takes inserts (awa.db.lanes; None:
+    not known, the server routes). Known either way, the statement goes
+    straight to the job's table: the routing costs a tenth of a single insert."""
+    plain = (job.run_at is None and job.unique_key is None and job.ordering_key is None
+             and job.concurrency_key is None)
     with translated():
-        row = await conn.fetchrow(q["job_insert_one" if ring else "job_insert_one_mutable"],
-                                  *job.insert_params())
+        if ring and plain:
+            row = await conn.fetchrow(q["job_insert_one_ring"], job.kind, job.queue,
+                                      job.args_json, job.priority, job.max_attempts, job.tags,
+                                      job.metadata_json)
+        else:
+            name = "job_insert_one_mutable" if ring is False else "job_insert_one"
+            row = await conn.fetchrow(q[name], *job.insert_params())
     job_id, state, created_at = cast("tuple[int, str, datetime]", row)
     telemetry.inserted(job.kind, job.queue)
     return job.inserted(job_type, job_id, state, created_at)

@@ -48,7 +48,8 @@ class Dispatcher:
     def __init__(self, cfg: QueueConfig, pool: asyncpg.Pool, q: Queries, capacity: Capacity,
                  launch: Callable[[Job], None], poll_interval: float,
                  backlog: Callable[[], bool] = lambda: False,
-                 reject: Callable[[int, int, str, int | None], None] = lambda *_: None) -> None:
+                 reject: Callable[[int, int, str, int | None], None] = lambda *_: None,
+                 lanes: Lanes | None = None) -> None:
         self.cfg = cfg
         self._db: asyncpg.Pool | HeldConnection = pool  # what claims go through
         self._q = q
@@ -70,8 +71,9 @@ class Dispatcher:
         self.last_claim_error: str | None = None
         self._failures = FailureLog(log)
         #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
-        #: Whether claims must read the ring too (else awa.jobs alone is cheaper).
-        self.lanes = Lanes(q)
+        #: Whether claims must read the ring too (else awa.jobs alone is cheaper):
+        #: the runtime's cache, shared by its queues.
+        self.lanes = lanes if lanes is not None else Lanes(q)
         self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None, self.lanes)
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:

@@ -26,6 +26,7 @@ import asyncpg
 
 from awa.core import states
 from awa.db.errors import translated
+from awa.db.lanes import Lanes
 from awa.db.listener import Listener
 from awa.db.pool import close_pool_within, create_pool
 from awa.db.queries import Queries
@@ -108,10 +109,11 @@ class Runtime:
                                 self._attempts, self.capacity, self.dispatchers,
                                 weighted=config.weighted)
         backlog_limit = max(4 * total, 128)
+        lanes = Lanes(q)  # one cached read of the ring's switch for every queue
         self.dispatchers.update(
             (qc.name, Dispatcher(qc, pool, q, self.capacity, self.runner.launch, poll,
                                  backlog=lambda: self.completer.queued >= backlog_limit,
-                                 reject=self.runner.reject))
+                                 reject=self.runner.reject, lanes=lanes))
             for qc in config.queues)
         # Wake-ups: NOTIFYs, lost leases and flushed completions.
         self.notifications = Notifications(self.dispatchers, self._attempts)

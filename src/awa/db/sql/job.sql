@@ -58,6 +58,17 @@ SELECT id, state, created_at FROM to_jobs
 UNION ALL
 SELECT id, 'available'::awa.job_state, created_at FROM to_ring
 
+-- name: job_insert_one_ring
+-- job_insert_one for a plain job due now (no run_at, unique, ordering or
+-- concurrency key) where the ring takes inserts (awa.db.lanes): straight into
+-- awa.ready, without the routing to awa.jobs (which prepares that insert too).
+WITH to_ring AS (
+    INSERT INTO awa.ready (kind, queue, args, priority, max_attempts, tags, metadata)
+    VALUES ($1, $2, $3::text::jsonb, $4, $5, $6, $7::text::jsonb)
+    RETURNING id, queue, priority, created_at
+), {{ring_lane_known}}
+SELECT id, 'available'::awa.job_state AS state, created_at FROM to_ring
+
 -- name: job_staging_create
 CREATE TEMP TABLE awa_job_staging (
     ord           bigint GENERATED ALWAYS AS IDENTITY,

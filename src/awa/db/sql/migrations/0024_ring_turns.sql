@@ -72,13 +72,8 @@ DECLARE
 BEGIN
     SELECT * INTO cur FROM awa.ring_turns ORDER BY n DESC LIMIT 1;
     nxt := (cur.slot + 1) % (SELECT slots FROM awa.ring_config);
-    IF EXISTS (SELECT 1 FROM awa.ready WHERE slot = nxt)
-       OR EXISTS (SELECT 1 FROM awa.ready_cancels WHERE slot = nxt)
-       OR EXISTS (SELECT 1 FROM awa.receipts WHERE slot = nxt)
-       OR EXISTS (SELECT 1 FROM awa.closures WHERE slot = nxt)
-       OR EXISTS (SELECT 1 FROM awa.heartbeats WHERE slot = nxt)
-       OR EXISTS (SELECT 1 FROM awa.claim_log WHERE slot = nxt) THEN
-        RETURN NULL;
+    IF EXISTS (SELECT 1 FROM awa.ring_occupied() o WHERE o.slot = nxt) THEN
+        RETURN NULL;  -- the next slot still holds rows (0020's ring_occupied)
     END IF;
     INSERT INTO awa.ring_turns (n, slot) VALUES (cur.n + 1, nxt)
     ON CONFLICT (n) DO NOTHING
