@@ -170,19 +170,3 @@ async def test_queue_stats_stays_linear_after_a_partition_was_seen_empty(
     # minutes at the cell's). PostgreSQL 18 also keeps a plan of the function's own
     # statement per session; its SET clauses keep that one to hash joins too.
     assert took < timedelta(seconds=5), took
-
-
-async def test_autovacuum_leaves_the_ring_partitions_and_their_counts_unknown(
-        ring: asyncpg.Connection) -> None:
-    """Migration 0024: no ring partition is vacuumed or analyzed by autovacuum, so
-    none is recorded as empty just after its truncation."""
-    rows = await conn_reloptions(ring)
-    assert len(rows) == 24 and all("autovacuum_enabled=off" in r for r in rows)
-
-
-async def conn_reloptions(conn: asyncpg.Connection) -> list[str]:
-    return [",".join(r["reloptions"] or []) for r in await conn.fetch(
-        """SELECT c.reloptions FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-           WHERE i.inhparent IN ('awa.ready'::regclass, 'awa.ready_cancels'::regclass,
-                                 'awa.claim_log'::regclass, 'awa.receipts'::regclass,
-                                 'awa.closures'::regclass, 'awa.heartbeats'::regclass)""")]

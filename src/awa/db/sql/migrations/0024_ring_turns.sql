@@ -90,36 +90,23 @@ END $$;
 -- Counts that stay linear whatever the planner believes of the ring.
 --
 -- The ring's partitions are emptied by TRUNCATE and filled again within a
--- turn. Autovacuum analyzed a partition just after its truncation and
--- recorded it as empty (reltuples 0), and a plan made then (queue_stats, a
--- prepared statement planned once per connection) probed that partition with
--- a sequential scan per outer row: with tens of thousands of rows in each,
--- one call ran for minutes, burnt a core, and held the partitions' locks so
--- the ring could not be reclaimed (the held-xmin cell at 2,000/s: claim p99
--- 96 ms; the 60-minute cell's 5-22 s queue_stats calls). Two changes:
+-- turn, and autovacuum analyzes each one soon after its truncation, when it
+-- is empty (reltuples 0). A plan made while a partition is empty and kept
+-- while it fills (queue_stats: a prepared statement, planned once per
+-- connection until an analyze or DDL invalidates it) probed that partition
+-- with a sequential scan per outer row: with tens of thousands of rows in
+-- each, one call ran for minutes, burnt a core, and held the partitions'
+-- locks so the ring could not be reclaimed (the held-xmin cell at 2,000/s:
+-- claim p99 96 ms; the 60-minute cell's 5-22 s queue_stats calls). The counts
+-- of active jobs now come from one function that joins by hashing only (no
+-- nested loop, no parallel workers on a small machine): linear in the ring's
+-- rows whatever plan is cached. Counts, gauges and storage status read it.
 --
--- * Autovacuum leaves the ring's partitions alone. They are append-only and
---   truncated every few turns, so vacuum has nothing to remove and freezing
---   nothing to do (a truncated table starts afresh; anti-wraparound vacuum
---   still runs if a slot ever lived that long). Their pg_class counts stay
---   "unknown" after each truncation, and plans use the partition's real size
---   when they are made.
--- * The counts of active jobs come from one function that joins by hashing
---   only (no nested loop, no parallel workers on a small machine): linear in
---   the ring's rows whatever plan is cached. Counts, gauges and storage
---   status read it.
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOR s IN 0..3 LOOP
-        FOREACH t IN ARRAY ARRAY['ready', 'ready_cancels', 'claim_log', 'receipts',
-                                 'closures', 'heartbeats'] LOOP
-            EXECUTE format('ALTER TABLE awa.%I SET (autovacuum_enabled = off, '
-                           'toast.autovacuum_enabled = off)', t || '_' || s);
-        END LOOP;
-    END LOOP;
-END $$;
+-- (Switching autovacuum off on the partitions, so that a truncated one reads
+-- as "unknown" rather than empty, was tried and rejected: without analyze
+-- the planner has no statistics for `slot`, takes every `slot = s` to keep
+-- 0.5% of a partition's rows instead of all of them, and chose nested loops
+-- that held the reclaim's lock for 15 s in the 60-minute cell.)
 
 -- Active jobs by queue and state, both lanes (the rows awa.jobs_active holds),
 -- and the oldest run_at of each (queue, state).
