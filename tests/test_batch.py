@@ -253,7 +253,11 @@ async def test_move_queue_racing_with_workers_claiming_the_same_jobs(
     n = 3000
     await client.enqueue_many_copy([Work(i) for i in range(n)], queue="src")
     ids = [r["id"] for r in await conn.fetch("SELECT id FROM awa.jobs_active ORDER BY id")]
-    await client.start([("src", 8)], **LEADER, batch_chunk_size=40)
+    # Rescue is not what this races: a heartbeat round held up for 0.6 s by a
+    # loaded machine (CI runs three suites on two cores) must not put a running
+    # job back, so staleness is far above FAST's here.
+    await client.start([("src", 8)], **{**LEADER, "heartbeat_staleness_ms": 10_000},
+                       batch_chunk_size=40)
     await wait_until(lambda: _at_least(runs, 100), message="the worker to be draining")
     op = await client.move_queue("dst", filter={"queue": "src"})
     done = await finished(client, op["id"], timeout=60)
