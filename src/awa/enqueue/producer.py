@@ -261,10 +261,8 @@ async def insert_one(conn: Conn, q: Queries, job: PreparedJob,
     ``ring``: whether the append-only lane takes inserts (awa.db.lanes; None:
     not known, the server routes). Known either way, the statement goes
     straight to the job's table: the routing costs a tenth of a single insert."""
-    plain = (job.run_at is None and job.unique_key is None and job.ordering_key is None
-             and job.concurrency_key is None)
     with translated():
-        if ring and plain:
+        if ring and _ring_plain(job, None):
             row = await conn.fetchrow(q["job_insert_one_ring"], job.kind, job.queue,
                                       job.args_json, job.priority, job.max_attempts, job.tags,
                                       job.metadata_json)
@@ -426,10 +424,12 @@ def _ring_records(jobs: Sequence[PreparedJob], now: datetime,
                              j.tags, j.metadata_json, j.run_at or now) for j in jobs])
 
 
-def _ring_plain(job: PreparedJob, now: datetime) -> bool:
-    """Whether ``job`` may live in the append-only lane: due now, no keys."""
+def _ring_plain(job: PreparedJob, now: datetime | None) -> bool:
+    """Whether ``job`` may live in the append-only lane: due now, no keys.
+    ``now`` None: only a job without a run_at is due (the server's clock decides)."""
     return (job.unique_key is None and job.ordering_key is None
-            and job.concurrency_key is None and (job.run_at is None or job.run_at <= now))
+            and job.concurrency_key is None
+            and (job.run_at is None or (now is not None and job.run_at <= now)))
 
 
 async def _copy(conn: Conn, q: Queries, table: str, columns: tuple[str, ...],

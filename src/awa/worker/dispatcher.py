@@ -70,10 +70,10 @@ class Dispatcher:
         self.claim_failures = 0
         self.last_claim_error: str | None = None
         self._failures = FailureLog(log)
-        #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
         #: Whether claims must read the ring too (else awa.jobs alone is cheaper):
         #: the runtime's cache, shared by its queues.
         self.lanes = lanes if lanes is not None else Lanes(q)
+        #: Per-key concurrency: whether this queue claims with keys (worker/keyed.py).
         self.keys = KeyedClaims(q, cfg.key_max_in_flight is not None, self.lanes)
 
     def reconfigure(self, cfg: QueueConfig, poll_interval: float) -> None:
