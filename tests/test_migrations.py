@@ -176,7 +176,8 @@ async def test_the_ring_turns_upgrade_keeps_its_slot_switch_and_grants(
         await conn.execute(f'CREATE ROLE "{role}"')
         await conn.execute(f'GRANT USAGE ON SCHEMA awa TO "{role}"')
         await conn.execute(f'GRANT SELECT, UPDATE ON awa.ring TO "{role}"')
-        assert await awa.migrate(empty_database_url) == [24]
+        assert await awa.migrate(empty_database_url) == list(
+            range(24, awa.current_migration_version() + 1))
         assert await conn.fetchval("SELECT awa.ring_slot()") == 2
         assert await conn.fetchval("SELECT enqueue FROM awa.ring_config") is True
         for table, right in (("awa.ring_turns", "SELECT"), ("awa.ring", "SELECT"),
@@ -190,4 +191,42 @@ async def test_the_ring_turns_upgrade_keeps_its_slot_switch_and_grants(
     finally:
         await conn.execute(f'DROP OWNED BY "{role}"')
         await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.close()
+
+
+async def test_the_lean_attempts_upgrade_keeps_open_ring_attempts_completable(
+        empty_database_url: str) -> None:
+    """0025 swaps the receipts' two indexes for one and closes attempts through
+    awa.ring_close: an attempt claimed before the upgrade is found by id and
+    completes once after it; a second completion of it writes nothing."""
+    from datetime import timedelta
+
+    from awa.db.queries import queries
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await schema_at(conn, 24)
+        await conn.execute("UPDATE awa.ring_config SET enqueue = true")
+        await conn.execute("INSERT INTO awa.ring_lanes VALUES ('q', 2)")
+        await conn.execute("INSERT INTO awa.ready (queue, priority, kind, args, max_attempts) "
+                           "SELECT 'q', 2, 'k', '{}'::jsonb, 5 FROM generate_series(1, 2)")
+        claimed = await conn.fetch("SELECT * FROM awa.claim('q', 2, 0, 0)")
+        assert len(claimed) == 2
+        assert await awa.migrate(empty_database_url) == list(
+            range(25, awa.current_migration_version() + 1))
+        indexes = {r["indexname"] for r in await conn.fetch(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = 'awa' "
+            "AND tablename = 'receipts'")}
+        assert indexes == {"receipts_attempt"}
+        first = claimed[0]
+        assert await conn.fetchval("SELECT count(*) FROM awa.receipts WHERE id = $1",
+                                   first["id"]) == 1
+        complete = queries()["attempt_complete_batch"]
+        args = ([r["id"] for r in claimed], [r["run_lease"] for r in claimed], None,
+                timedelta(days=1), [r["receipt_slot"] for r in claimed])
+        assert {r["id"] for r in await conn.fetch(complete, *args)} == \
+            {r["id"] for r in claimed}
+        assert await conn.fetch(complete, *args) == []
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 2
+        assert await conn.fetchval("SELECT count(*) FROM awa.closures") == 2
+    finally:
         await conn.close()

@@ -142,6 +142,48 @@ async def test_backpressure_counts_available_ring_jobs(
         assert again.queue_depth is not None and again.queue_depth.depth == 7
 
 
+# The ring's available jobs by queue as 0024 counted them (every ready row of
+# the ring without its receipt or a cancel): the oracle for the cursor count.
+ANTI_JOIN = """SELECT w.queue, count(*) AS n, min(w.run_at) AS oldest FROM awa.ready w
+               WHERE NOT EXISTS (SELECT 1 FROM awa.receipts r
+                                 WHERE r.id = w.id AND r.run_lease = w.lease_base + 1)
+                 AND NOT EXISTS (SELECT 1 FROM awa.ready_cancels k WHERE k.slot = w.slot
+                                 AND k.id = w.id AND k.lease_base = w.lease_base)
+               GROUP BY 1"""
+
+
+async def test_available_ring_jobs_are_counted_from_the_claim_cursors(
+        client: awa.AsyncClient, ring: asyncpg.Connection) -> None:
+    """Migration 0025 counts the ring's available jobs by walking each lane from its
+    claim cursor (awa.ring_backlog) instead of joining every ready row to the
+    receipts: the same counts and oldest run_at, through claims over two
+    priorities, a cancel, another transaction's uncommitted jobs and a drained queue."""
+    for priority in (1, 3):
+        await client.enqueue_many_copy([Item(n) for n in range(3)], queue="a",
+                                       priority=priority)
+    await client.enqueue_many_copy([Item(n) for n in range(4)], queue="b")
+    claimed = await _claim(ring, "a", 2)
+    waiting = [j.id for j in await client.list_jobs(state=awa.JobState.Available, queue="a")]
+    assert await client.cancel(waiting[-1]) is not None
+
+    async def matches() -> dict[str, tuple[int, float]]:
+        expected = {r["queue"]: (r["n"], r["oldest"]) for r in await ring.fetch(ANTI_JOIN)}
+        counted = {r["queue"]: (r["n"], r["oldest"]) for r in await ring.fetch(
+            "SELECT queue, n, oldest FROM awa.active_counts() WHERE state = 'available'")}
+        assert counted == expected
+        stats = {s.queue: s for s in await client.queue_stats()}
+        return {q: (stats[q].available, stats[q].lag_seconds or 0.0) for q in stats}
+
+    async with client.transaction() as tx:
+        await tx.insert(Item(5), queue="a")  # not committed: not counted
+        seen = await matches()
+    assert seen["a"][0] == 6 - len(claimed) - 1 and seen["b"][0] == 4
+    assert seen["a"][0] + 1 == (await matches())["a"][0]
+    while await _claim(ring, "a", 10):
+        pass
+    assert (await matches())["a"] == (0, 0.0)
+
+
 async def test_queue_stats_stays_linear_after_a_partition_was_seen_empty(
         ring: asyncpg.Connection) -> None:
     """A plan made while a ring partition is empty (and analyzed so) must not turn

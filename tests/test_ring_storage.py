@@ -232,6 +232,54 @@ async def test_the_first_closure_of_an_attempt_wins(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval(CLOSE, *attempt(c)) is not None
 
 
+@pytest.mark.parametrize("rival_commits", [True, False])
+async def test_a_completion_racing_a_rival_closure_keeps_the_first_one(
+        pool: asyncpg.Pool, rival_commits: bool) -> None:
+    """Migration 0025: the completion inserts its closures without ON CONFLICT. A
+    rival closure of one of its attempts (here a move to the mutable lane) that is
+    still open when the completion looks makes the completion wait for it; if the
+    rival commits, the rival's closure stands and the rest of the batch completes,
+    with no error; if it rolls back, the completion closes every attempt."""
+    from datetime import timedelta
+
+    from awa.db.queries import queries
+    await ring(pool, 2)
+    a, b = await claim(pool)
+    async with pool.acquire() as rival, pool.acquire() as worker:
+        tx = rival.transaction()
+        await tx.start()
+        assert await rival.fetchval(MATERIALIZE, *attempt(a)) == [a["id"]]
+        completing = asyncio.ensure_future(worker.fetch(
+            queries()["attempt_complete_batch"], [a["id"], b["id"]],
+            [a["run_lease"], b["run_lease"]], None, timedelta(days=1),
+            [a["receipt_slot"], b["receipt_slot"]]))
+        async def waits_for_the_rival() -> bool:
+            return bool(await pool.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                worker.get_server_pid()))
+        for _ in range(200):
+            if await waits_for_the_rival():
+                break
+            await asyncio.sleep(0.05)
+        assert not completing.done()
+        await (tx.commit() if rival_commits else tx.rollback())
+        done = {r["id"] for r in await completing}
+    outcomes = dict(await pool.fetch(
+        "SELECT id, outcome FROM awa.closures WHERE id = ANY($1::bigint[])", [a["id"], b["id"]]))
+    completed, moved = (await pool.fetchval("SELECT awa.ring_outcome('completed')"),
+                        await pool.fetchval("SELECT awa.ring_outcome('moved')"))
+    finished = {r["id"] for r in await pool.fetch("SELECT id FROM awa.jobs_done")}
+    if rival_commits:
+        assert done == finished == {b["id"]}
+        assert outcomes == {a["id"]: moved, b["id"]: completed}
+        assert await pool.fetchval("SELECT state::text FROM awa.jobs WHERE id = $1",
+                                   a["id"]) == "running"
+    else:
+        assert done == finished == {a["id"], b["id"]}
+        assert outcomes == {a["id"]: completed, b["id"]: completed}
+        assert await pool.fetchval("SELECT count(*) FROM awa.jobs") == 0
+
+
 async def test_a_materialized_attempt_lives_on_in_the_mutable_lane(pool: asyncpg.Pool) -> None:
     await ring(pool, 2)
     a, b = await claim(pool)

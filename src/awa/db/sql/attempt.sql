@@ -169,7 +169,8 @@ GROUP BY id
 -- JSON map of the batch, built once.
 -- Ring attempts ($5: each one's receipt slot, NULL for the mutable lane; NULL
 -- when the batch has none) close by a closure, written only where the receipt
--- is and first come first served (closures_key), then finish from their ready
+-- is and first come first served (awa.ring_close, migration 0025: a plain
+-- insert, with no second WAL record per row), then finish from their ready
 -- row. One whose closure lost because it was moved to the mutable lane
 -- (ring_materialize) is finished there, by the DELETE below.
 -- Each receipt and the ready row it started from are read once, one probe
@@ -191,11 +192,10 @@ WITH c AS MATERIALIZED (
                         WHERE w.slot = r.ready_slot AND w.id = r.id
                           AND w.lease_base = r.run_lease - 1 LIMIT 1) w
     WHERE c.slot IS NOT NULL
-), closed AS (
-    INSERT INTO awa.closures (slot, id, run_lease, outcome)
-    SELECT o.slot, o.id, o.lease, awa.ring_outcome('completed') FROM opened o
-    ON CONFLICT DO NOTHING
-    RETURNING id
+), closed AS MATERIALIZED (
+    SELECT k.id FROM (SELECT array_agg(o.slot) AS s, array_agg(o.id) AS i,
+                             array_agg(o.lease) AS l FROM opened o) a,
+        awa.ring_close(a.s, a.i, a.l, awa.ring_outcome('completed')) AS k(id)
 ), outputs AS MATERIALIZED (
     SELECT jsonb_object_agg(c.id, c.output) FILTER (WHERE c.output IS NOT NULL) AS o FROM c
 ), ring_done AS (
