@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psycopg
@@ -44,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from soak import seed_history  # noqa: E402
 from tests.ui_helpers import call, serving  # noqa: E402
+from ui_load import with_db  # noqa: E402
 
 import awa  # noqa: E402
 from awa.web.ui import ui_app  # noqa: E402
@@ -60,10 +60,6 @@ class SendEmail:
 @dataclass
 class RareKind:
     n: int
-
-
-def with_db(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
 async def seed(server: str, history: int, ring: int, scheduled: int, running: int) -> dict:
