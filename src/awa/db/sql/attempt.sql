@@ -179,7 +179,10 @@ GROUP BY id
 -- rows are made from what was read for the closures that won. Each output
 -- comes from c as a column: a sub-select among awa.finished's arguments keeps
 -- the planner from inlining it, and called once per row it was two thirds of
--- the statement's time (bench: pg_stat_statements, track=all).
+-- the statement's time (bench: pg_stat_statements, track=all). `closed` is a
+-- SELECT, run as far as it is read: whenever `opened` has rows, ring_done's
+-- join reads it, and the first row read runs awa.ring_close whole (a plpgsql
+-- set is returned all at once); with no ring attempt opened it need not run.
 WITH c AS MATERIALIZED (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::smallint[], $3::jsonb[])
         AS c(id, lease, slot, output)

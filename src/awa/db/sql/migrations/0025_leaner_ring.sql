@@ -25,10 +25,13 @@
 -- ring_available does (awa.ring_backlog, which also keeps the oldest run_at,
 -- for the lag): proportional to the backlog, nothing when a queue keeps up.
 --
--- Nothing moves; statements of the previous release work unchanged (their
--- ON CONFLICT finds the new unique index on the same columns, and
--- ring_available keeps its signature and answers).
+-- Nothing moves; statements of the previous release work unchanged
+-- (ring_available keeps its signature and answers).
 
+-- The whole swap under one lock taken first: CREATE INDEX's share lock, then
+-- DROP INDEX's exclusive one, would upgrade a lock other sessions queue for
+-- (a claim waiting behind the first, a reader holding the table: deadlock).
+LOCK TABLE awa.receipts IN ACCESS EXCLUSIVE MODE;
 CREATE UNIQUE INDEX receipts_attempt ON awa.receipts (id, run_lease, slot);
 DROP INDEX awa.receipts_key;
 DROP INDEX awa.receipts_id_idx;
@@ -36,10 +39,14 @@ DROP INDEX awa.receipts_id_idx;
 -- Close the open attempts (slot, id, lease) with p_outcome, first closure
 -- first served; the ids closed by this call. The caller has checked that each
 -- receipt exists (a closure is written only where its receipt is).
+-- Each attempt's closure is looked for by one probe of the unique index
+-- (LATERAL ... LIMIT 1, sequential scans off), as ON CONFLICT did: a plan made
+-- while a slot's closures were analyzed empty, reused once they filled, hashed
+-- every closure of the ring per call (0.3 s at 100,000).
 CREATE FUNCTION awa.ring_close(p_slots smallint[], p_ids bigint[], p_leases bigint[],
                                p_outcome smallint)
 RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     won bigint[];
 BEGIN
@@ -49,8 +56,10 @@ BEGIN
             INSERT INTO awa.closures (slot, id, run_lease, outcome)
             SELECT c.slot, c.id, c.lease, p_outcome
             FROM unnest(p_slots, p_ids, p_leases) AS c(slot, id, lease)
-            WHERE NOT EXISTS (SELECT 1 FROM awa.closures x
-                              WHERE x.slot = c.slot AND x.id = c.id AND x.run_lease = c.lease)
+            LEFT JOIN LATERAL (SELECT 1 AS found FROM awa.closures x
+                               WHERE x.slot = c.slot AND x.id = c.id AND x.run_lease = c.lease
+                               LIMIT 1) x ON true
+            WHERE x.found IS NULL
             RETURNING id
         )
         SELECT array_agg(id) INTO won FROM k;
@@ -71,7 +80,8 @@ END $$;
 -- How many ring jobs of p_queue are available (counting at most p_cap), and the
 -- oldest run_at among those counted. Per lane: the rest of the tick its cursor
 -- is in, then every row that became visible after that tick, less those taken
--- out (ready_cancels). ring_available's walk (0020), keeping the oldest too.
+-- out (ready_cancels). ring_available's walk (0020), keeping the oldest too,
+-- over the queue's own lanes only (0020 walked all four priorities).
 CREATE FUNCTION awa.ring_backlog(p_queue text, p_cap int,
                                  OUT jobs bigint, OUT oldest timestamptz)
 LANGUAGE plpgsql STABLE AS $$
@@ -83,10 +93,12 @@ DECLARE
     t     bigint;
     c     bigint;
     o     timestamptz;
+    p     smallint;
 BEGIN
     jobs := 0;
     SELECT * INTO last FROM awa.claim_log l WHERE l.queue = p_queue ORDER BY l.n DESC LIMIT 1;
-    FOR p IN 1..4 LOOP
+    -- Only the queue's lanes (awa.ring_lanes: every lane that ever took a job).
+    FOR p IN SELECT r.priority FROM awa.ring_lanes r WHERE r.queue = p_queue ORDER BY 1 LOOP
         EXIT WHEN jobs >= p_cap;
         t := coalesce(last.cur_tick[p], 1);
         lo := CASE WHEN t = 1 THEN '1:1:'::pg_snapshot ELSE
@@ -98,7 +110,7 @@ BEGIN
         FOR part IN 1..2 LOOP
             EXIT WHEN part = 2 AND t > coalesce(last.n, 0);
             SELECT count(*), min(w.run_at) INTO c, o
-            FROM awa.ring_window(p_queue, p::smallint,
+            FROM awa.ring_window(p_queue, p,
                                  CASE part WHEN 1 THEN lo ELSE hi END,
                                  CASE part WHEN 1 THEN hi ELSE s_now END,
                                  CASE part WHEN 1 THEN coalesce(last.cur_xid[p], '0') ELSE '0' END,
@@ -117,12 +129,26 @@ END $$;
 CREATE OR REPLACE FUNCTION awa.ring_available(p_queue text, p_cap int) RETURNS bigint
 LANGUAGE sql STABLE AS $$ SELECT jobs FROM awa.ring_backlog(p_queue, p_cap) $$;
 
+-- Open ring attempts by queue: receipts without their closure, joined by
+-- hashing only (0024's reason: linear in the live slots' rows whatever plan
+-- is cached), no parallel workers, no JIT (a read the UI and gauges repeat).
+CREATE FUNCTION awa.ring_running_counts() RETURNS TABLE (queue text, n bigint)
+LANGUAGE sql STABLE
+SET enable_nestloop = off SET max_parallel_workers_per_gather = 0 SET jit = off AS $$
+    SELECT r.queue, count(*) FROM awa.receipts r
+    WHERE NOT EXISTS (SELECT 1 FROM awa.closures c
+                      WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
+    GROUP BY 1
+$$;
+
 -- Active jobs by queue and state, both lanes, and the oldest run_at of each
--- (0024), the ring's available ones counted from the cursors.
+-- (0024), the ring's available ones counted from the cursors. (Not under
+-- 0024's enable_nestloop = off: the call per queue can only be a nested loop,
+-- and the penalty made every plan cost enough for JIT, seconds a call, also
+-- in ring_backlog's own plans, cached for the session.)
 CREATE OR REPLACE FUNCTION awa.active_counts()
 RETURNS TABLE (queue text, state awa.job_state, n bigint, oldest timestamptz)
-LANGUAGE sql STABLE
-SET enable_nestloop = off SET max_parallel_workers_per_gather = 0 AS $$
+LANGUAGE sql STABLE SET max_parallel_workers_per_gather = 0 SET jit = off AS $$
     SELECT queue, state, sum(n)::bigint, min(oldest) FROM (
         SELECT j.queue::text AS queue, j.state, count(*) AS n, min(j.run_at) AS oldest
         FROM awa.jobs j GROUP BY 1, 2
@@ -132,11 +158,7 @@ SET enable_nestloop = off SET max_parallel_workers_per_gather = 0 AS $$
         CROSS JOIN LATERAL awa.ring_backlog(l.queue, 2147483647) b
         WHERE b.jobs > 0
         UNION ALL
-        SELECT r.queue, 'running', count(*), NULL
-        FROM awa.receipts r
-        WHERE NOT EXISTS (SELECT 1 FROM awa.closures c
-                          WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease)
-        GROUP BY 1
+        SELECT r.queue, 'running', r.n, NULL FROM awa.ring_running_counts() r
     ) c
     GROUP BY queue, state
 $$;
