@@ -79,6 +79,12 @@ def attempt(job: asyncpg.Record) -> tuple[int, int, int]:
     return job["receipt_slot"], job["id"], job["run_lease"]
 
 
+def columns(jobs: list[asyncpg.Record]) -> tuple[list[int], list[int], list[int]]:
+    """The attempts of ``jobs`` as three arrays: slots, ids, leases."""
+    return ([j["receipt_slot"] for j in jobs], [j["id"] for j in jobs],
+            [j["run_lease"] for j in jobs])
+
+
 async def reclaim(pool: asyncpg.Pool, family: str, slot: int) -> bool:
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL lock_timeout = '100ms'")
@@ -295,7 +301,7 @@ async def test_closing_probes_the_closures_index_after_analyze_saw_them_empty(
                  " $3::bigint[], awa.ring_outcome('completed'))")
         for batch in range(10):  # past plpgsql's first custom plans: the generic one
             part = jobs[batch * 10:(batch + 1) * 10]
-            assert await conn.fetchval(close, *map(list, zip(*map(attempt, part)))) == 10
+            assert await conn.fetchval(close, *columns(part)) == 10
         await conn.execute(
             "INSERT INTO awa.closures (slot, id, run_lease, outcome) SELECT $1, -g, 1, 1 "
             "FROM generate_series(1, 20000) g", slot)
@@ -306,7 +312,7 @@ async def test_closing_probes_the_closures_index_after_analyze_saw_them_empty(
         async with conn.transaction():
             before = await conn.fetchrow(counts)
             part = jobs[100:300]
-            assert await conn.fetchval(close, *map(list, zip(*map(attempt, part)))) == 200
+            assert await conn.fetchval(close, *columns(part)) == 200
             after = await conn.fetchrow(counts)
     assert after["seq"] == before["seq"], (dict(before), dict(after))
     assert after["idx"] - before["idx"] >= 200
