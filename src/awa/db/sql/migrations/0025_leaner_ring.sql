@@ -94,6 +94,8 @@ DECLARE
     c     bigint;
     o     timestamptz;
     p     smallint;
+    -- As in the claim: the per-row probe of the cancels only when there are any.
+    cancels boolean := EXISTS (SELECT 1 FROM awa.ready_cancels);
 BEGIN
     jobs := 0;
     SELECT * INTO last FROM awa.claim_log l WHERE l.queue = p_queue ORDER BY l.n DESC LIMIT 1;
@@ -116,9 +118,9 @@ BEGIN
                                  CASE part WHEN 1 THEN coalesce(last.cur_xid[p], '0') ELSE '0' END,
                                  CASE part WHEN 1 THEN coalesce(last.cur_id[p], 0) ELSE 0 END,
                                  p_cap) w
-            WHERE NOT EXISTS (SELECT 1 FROM awa.ready_cancels k
-                              WHERE k.slot = w.slot AND k.id = w.id
-                                AND k.lease_base = w.lease_base);
+            WHERE NOT (cancels AND EXISTS (SELECT 1 FROM awa.ready_cancels k
+                                           WHERE k.slot = w.slot AND k.id = w.id
+                                             AND k.lease_base = w.lease_base));
             jobs := jobs + c;
             oldest := least(oldest, o);
         END LOOP;
