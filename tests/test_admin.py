@@ -135,3 +135,53 @@ async def test_drain_queue(client: awa.AsyncClient) -> None:
     assert await client.drain_queue("d") == 0
     assert {j.state for j in await client.list_jobs(queue="d")} == {awa.JobState.Cancelled}
     assert (await client.get_job(keep.id)).state is awa.JobState.Available
+
+
+def _scans(plan: dict[str, object]) -> list[tuple[str, str]]:
+    """(node type, index) of every scan of a jobs_done partition in an EXPLAIN JSON plan."""
+    found = []
+    if str(plan.get("Relation Name", "")).startswith("jobs_done"):
+        found.append((str(plan["Node Type"]), str(plan.get("Index Name", ""))))
+    for child in plan.get("Plans", []):  # type: ignore[union-attr]
+        found += _scans(child)
+    return found
+
+
+@pytest.mark.parametrize("statement, arguments", [
+    ("job_list_unsuccessful", "('failed', NULL, NULL, 50)"),
+    ("job_list_unsuccessful", "('cancelled', NULL, 'q', 50)"),
+    ("ui_recent_failures", "(10)"),
+])
+async def test_failed_and_cancelled_jobs_are_listed_through_their_own_index(
+        client: awa.AsyncClient, conn: asyncpg.Connection, statement: str,
+        arguments: str) -> None:
+    """Migration 0025: failed and cancelled jobs, newest first, come from the partial
+    index of the jobs that did not complete, whatever the plan: by the id index, a
+    partition of history without one was read whole (1.5 s at 10M jobs)."""
+    from awa.db.queries import queries
+    await conn.execute("""
+        INSERT INTO awa.jobs_done (id, kind, queue, args, state, priority, attempt,
+                                   max_attempts, run_lease, run_at, created_at,
+                                   finalized_at, prune_after)
+        SELECT nextval(pg_get_serial_sequence('awa.jobs', 'id')), 'task', 'q', '{}',
+               CASE WHEN g <= 3 THEN 'failed' WHEN g <= 5 THEN 'cancelled'
+                    ELSE 'completed' END::awa.job_state,
+               2, 1, 5, 1, now(), now(), now(), now() + interval '1 day'
+        FROM generate_series(1, 3000) g""")
+    await conn.execute("ANALYZE awa.jobs_done")
+    failed = [j.id for j in await client.list_jobs(state="failed")]
+    assert len(failed) == 3 and failed == sorted(failed, reverse=True)
+    assert len(await client.list_jobs(state="cancelled", queue="q")) == 2
+    assert len(await client.list_jobs(state="completed", limit=50)) == 50
+    partial = {r["indexname"] for r in await conn.fetch(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = 'awa' "
+        "AND tablename LIKE 'jobs_done%' AND indexdef LIKE '%(id) WHERE%'")}
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE listed AS {queries()[statement]}")
+    try:
+        explained = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE listed{arguments}")
+    finally:
+        await conn.execute("DEALLOCATE listed")
+        await conn.execute("RESET plan_cache_mode")
+    scans = _scans(explained[0]["Plan"])
+    assert scans and all(index in partial for _, index in scans), scans

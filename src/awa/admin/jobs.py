@@ -46,7 +46,9 @@ async def list_jobs(db: Executor, q: Queries, *, state: JobState | str | None = 
             rows = await db.fetch(q["job_list_any"], kind, queue, limit)
         else:
             parsed = JobState.parse(state)
-            name = "job_list_finished" if parsed in states.TERMINAL else "job_list_active"
+            name = ("job_list_active" if parsed not in states.TERMINAL
+                    else "job_list_finished" if parsed is JobState.Completed
+                    else "job_list_unsuccessful")
             rows = await db.fetch(q[name], parsed.value, kind, queue, limit)
     return [Job.from_row(r) for r in rows]
 

@@ -162,8 +162,9 @@ WHERE awa.ui_matches(w.queue, w.kind, w.tags, w.args, $3, $4, $5, $6)
 ORDER BY w.id DESC LIMIT $7
 
 -- name: ui_recent_failures
+-- Through the partial index of the jobs that did not complete (as job_list_unsuccessful).
 SELECT id, kind, queue, attempt, max_attempts, finalized_at, errors -> -1 AS last_error
-FROM awa.jobs_done WHERE state = 'failed' ORDER BY id DESC LIMIT $1
+FROM awa.jobs_done WHERE state = 'failed' AND state <> 'completed' ORDER BY id DESC LIMIT $1
 
 -- name: ui_runtime
 SELECT r.*, extract(epoch FROM now() - r.last_seen_at)::float8 AS seen_seconds_ago
