@@ -53,7 +53,9 @@ async def test_open_producer_transaction_holds_up_only_its_parents_completion(
             await gate.wait()
 
     parent = await client.insert({"wait": True}, kind="gated", queue="deps")
-    await client.start([("deps", 8)], **FAST)
+    # Rescue is not what this races: a heartbeat round held up past FAST's 0.6 s
+    # staleness on a loaded machine rescued the parent (attempt 2) in a CI run.
+    await client.start([("deps", 8)], **{**FAST, "heartbeat_staleness_ms": 10_000})
     await wait_until(lambda: asyncio.sleep(0, parent.id in runs),
                      message="the parent to run")
     producer = awa.AsyncClient(database_url)
