@@ -98,3 +98,18 @@ async def schema_at(conn: asyncpg.Connection, version: int) -> None:
         await conn.execute("INSERT INTO awa.schema_migrations (version, description, "
                            "applied_at) SELECT g, 'old', now() - interval '1 day' "
                            "FROM generate_series(1, $1::int) g", version)
+
+
+async def explain_prepared(conn: asyncpg.Connection, sql: str, arguments: str,
+                           plan_mode: str = "force_generic_plan") -> dict[str, Any]:
+    """The EXPLAIN JSON plan of ``sql`` prepared and executed with ``arguments`` (a
+    SQL argument list) under ``plan_mode``: the plan a pooled connection would reuse."""
+    await conn.execute(f"SET plan_cache_mode = {plan_mode}")
+    await conn.execute(f"PREPARE explained AS {sql}")
+    try:
+        explained = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE explained{arguments}")
+    finally:
+        await conn.execute("DEALLOCATE explained")
+        await conn.execute("RESET plan_cache_mode")
+    plan: dict[str, Any] = explained[0]["Plan"]  # the connection decodes json
+    return plan

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from tests.helpers import TO_MUTABLE
+from tests.helpers import TO_MUTABLE, explain_prepared
 
 import awa
 
@@ -176,12 +176,5 @@ async def test_failed_and_cancelled_jobs_are_listed_through_their_own_index(
     partial = {r["indexname"] for r in await conn.fetch(
         "SELECT indexname FROM pg_indexes WHERE schemaname = 'awa' "
         "AND tablename LIKE 'jobs_done%' AND indexdef LIKE '%(id) WHERE%'")}
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
-    await conn.execute(f"PREPARE listed AS {queries()[statement]}")
-    try:
-        explained = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE listed{arguments}")
-    finally:
-        await conn.execute("DEALLOCATE listed")
-        await conn.execute("RESET plan_cache_mode")
-    scans = _scans(explained[0]["Plan"])
+    scans = _scans(await explain_prepared(conn, queries()[statement], arguments))
     assert scans and all(index in partial for _, index in scans), scans

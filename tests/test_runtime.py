@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, idle_task, wait_until
+from tests.helpers import FAST, explain_prepared, idle_task, wait_until
 
 import awa
 from awa.db.pool import create_pool
@@ -496,14 +496,7 @@ async def test_batch_completions_find_their_jobs_by_id_whatever_analyze_saw(
     await _insert_backlog(conn, 5000, "available")
     await _insert_backlog(conn, 3, "running")
     await conn.execute("ANALYZE awa.jobs")
-    await conn.execute(f"SET plan_cache_mode = {plan_mode}")
-    await conn.execute(f"PREPARE batch AS {queries()[statement]}")
-    try:
-        explained = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE batch{arguments}")
-    finally:
-        await conn.execute("DEALLOCATE batch")
-        await conn.execute("RESET plan_cache_mode")
-    plan = explained[0]["Plan"]  # the connection decodes json
+    plan = await explain_prepared(conn, queries()[statement], arguments, plan_mode)
     assert _indexes_read_on_jobs(plan) == {"jobs_pkey"}, json.dumps(plan, indent=1)
 
 
