@@ -15,11 +15,14 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from awa.db import migrations
+from awa.db.queries import queries
+from awa.maintenance.ring import RingKeeper
 
 # n ring jobs of queue q at priority $2 (run_at $3, default now), ids in insert order;
 # their lane made known to claims, as the package's inserts do.
@@ -442,6 +445,14 @@ async def test_a_slot_is_truncated_only_when_everything_in_it_is_spent(
                 "SELECT awa.ring_reclaim('ready', 3::smallint)"))
             await asyncio.sleep(0.3)
             assert not waiting.done()
+            # Migration 0026: while the reclaim waits to look under the lock, and
+            # while it looks, only writers into the table are kept out: readers of
+            # the ring and claims go on (0024's ACCESS EXCLUSIVE queued them all).
+            async with pool.acquire() as other, other.transaction():
+                await other.execute("SET LOCAL statement_timeout = '10s'")
+                assert await other.fetchval("SELECT count(*) FROM awa.ready_3") == 1
+                assert await claim(other, 1) == []  # the late job is not committed yet
+            assert not waiting.done()
             await tr.commit()
             assert await waiting is False
     assert [r["id"] for r in await claim(pool)] == [late]
@@ -465,6 +476,32 @@ async def test_a_table_not_spent_is_left_without_waiting_for_its_lock(
             await reclaim(pool, "ready", 0)
     assert await reclaim(pool, "ready", 0)
     assert claimed["id"] == job
+
+
+async def test_a_table_a_long_transaction_holds_is_not_asked_for_until_it_ends(
+        pool: asyncpg.Pool) -> None:
+    """Each ask for a held table's lock queues claims behind it until the lock
+    timeout. The ring's keeper asks for a spent table once; if the same
+    transaction still holds it at the next pass, it leaves the table alone
+    until that transaction has ended, then truncates it."""
+    keeper = RingKeeper(pool, queries(), timedelta(seconds=30), lambda: True)
+    keeper.attempts, keeper.retry_seconds = 1, 0.0
+    await ring(pool)
+    (claimed,) = await claim(pool, 1)
+    assert await pool.fetchval(CLOSE, *attempt(claimed)) == 1
+    await move_ring_to(pool, 1)
+    await claim(pool, 1)  # every lane's cursor past slot 0: its ready row is spent
+    async with pool.acquire() as reader, reader.transaction(isolation="repeatable_read"):
+        assert await reader.fetchval("SELECT count(*) FROM awa.ready_0") == 1
+        await keeper.reclaim()  # asks for ready_0 and cannot have it
+        assert keeper.deferred == 0
+        await keeper.reclaim()  # the same transaction still holds it: not asked
+        await keeper.reclaim()
+        assert keeper.deferred == 2
+        assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 1
+    await keeper.reclaim()
+    assert keeper.deferred == 2
+    assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
 
 
 async def turn_to(pool: asyncpg.Pool, slot: int) -> None:

@@ -325,12 +325,15 @@ def _start(data_dir: Path, pgdata: Path, account: pwd.struct_passwd | None,
     for attempt in range(3):  # another program may grab the port between our check and bind
         port = _free_port(recorded if attempt == 0 else None)
         offset = log.stat().st_size if log.exists() else 0
+        if account is not None:  # again: another pytest session may have reset a parent's
+            _grant_search(pgdata)  # mode since (it makes /tmp/pytest-of-root 0700 on start)
         rc, out = _run([str(bins / "pg_ctl"), "start", "-D", str(pgdata), "-l", str(log), "-s",
                         "-w", "-t", str(TIMEOUT), "-o", f"-p {port} {SERVER_OPTIONS}"], account)
         if rc == 0 and (started := _running(pgdata)) is not None:
             port_file.write_text(f"{started[1]}\n")
             return started
-        if "already in use" not in (output := _tail(out, pgdata, offset)):
+        output = _tail(out, pgdata, offset)
+        if "already in use" not in output and "Permission denied" not in output:
             break
     raise EmbeddedPostgresError(
         f"the embedded PostgreSQL did not start on {pgdata} (log: {log}):\n{output}")

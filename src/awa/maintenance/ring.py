@@ -5,7 +5,8 @@ tables are partitioned into a ring of slots, and this leader-only service
 keeps the ring turning: every pass it moves new writes into the next slot if
 that one is empty, then truncates each table of the older slots whose rows
 are all spent, oldest slot first, each in a transaction of its own with a
-short lock timeout. TRUNCATE frees space without waiting for the xmin horizon,
+short lock timeout (a table that one transaction has held since the previous
+pass is not asked for until it lets go). TRUNCATE frees space without waiting for the xmin horizon,
 so a long transaction elsewhere cannot make this lane's rows pile up.
 """
 
@@ -39,11 +40,19 @@ class RingKeeper(PeriodicService):
 
     name = "ring"
 
+    #: Tries per table and pass, and the pause between them.
+    attempts = RECLAIM_ATTEMPTS
+    retry_seconds = RECLAIM_RETRY_SECONDS
+
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool]) -> None:
         super().__init__(pool, q, interval, is_leader)
         self.truncated = 0
         self.advanced = 0
+        #: Tables left alone in a pass because a long transaction held them.
+        self.deferred = 0
+        self._holders: set[tuple[str, str]] = set()
+        self._reported: set[str] = set()
 
     async def run_once(self) -> None:
         if await self._pool.fetchval(self._q["ring_advance"]) is not None:
@@ -60,12 +69,32 @@ class RingKeeper(PeriodicService):
         # Oldest first: the slots after the current one, in ring order.
         order = sorted(held, key=lambda fs: ((fs[1] - current) % slots,
                                              FAMILIES.index(fs[0])))
+        long_held = await self._long_held()
         done = 0
         for family, slot in order:
+            if f"{family}_{slot}" in long_held:
+                self.deferred += 1
+                continue
             if await self._reclaim_one(family, slot):
                 done += 1
         self.truncated += done
         return done
+
+    async def _long_held(self) -> set[str]:
+        """The ring's tables that one transaction has held since the previous pass.
+
+        Asking for such a table's lock cannot succeed while that transaction
+        lasts (a report, or the harness's active readers, counting the ring),
+        and every ask queues claims and completions behind it until the lock
+        timeout: so they are not asked for until the holder has gone."""
+        rows = await self._pool.fetch(self._q["ring_lock_holders"])
+        holders = {(r["name"], r["holder"]) for r in rows}
+        long_held = {name for name, _ in holders & self._holders}
+        if long_held - self._reported:
+            log.info("ring tables held by a long transaction, left until it ends: %s",
+                     ", ".join(sorted(long_held - self._reported)))
+        self._holders, self._reported = holders, long_held
+        return long_held
 
     async def _reclaim_one(self, family: str, slot: int) -> bool:
         """One table, in its own transaction; False if not spent or not lockable now.
@@ -74,9 +103,9 @@ class RingKeeper(PeriodicService):
         the lock for a second (a count over the ring) must not make the ring
         wait a whole pass, or the ring grows and that reader gets slower."""
         timeout = f"{int(RING_RECLAIM_LOCK_TIMEOUT.total_seconds() * 1000)}ms"
-        for attempt in range(RECLAIM_ATTEMPTS):
+        for attempt in range(self.attempts):
             if attempt:
-                await asyncio.sleep(RECLAIM_RETRY_SECONDS)
+                await asyncio.sleep(self.retry_seconds)
             async with self._pool.acquire() as conn:
                 try:
                     async with conn.transaction():

@@ -29,3 +29,19 @@ UPDATE awa.ring_config SET enqueue = $1::boolean
 -- Whether plain jobs are enqueued into the ring, and whether claims must read
 -- it (it takes jobs, or a lane of it was ever used). awa.db.lanes caches this.
 SELECT enqueue, enqueue OR EXISTS (SELECT 1 FROM awa.ring_lanes) AS in_use FROM awa.ring_config
+
+-- name: ring_lock_holders
+-- The ring's partitions that other transactions hold a lock on, with each
+-- holder's virtual transaction id (new for every transaction): the reclaim
+-- does not ask for a table's lock while the same transaction has held it
+-- since its previous pass (a long reader; asking would only queue the hot
+-- path behind a lock that cannot be had).
+SELECT c.relname::text AS name, l.virtualtransaction AS holder
+FROM pg_catalog.pg_locks l
+JOIN pg_catalog.pg_class c ON c.oid = l.relation
+JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
+WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+  AND i.inhparent IN ('awa.ready'::regclass, 'awa.ready_cancels'::regclass,
+                      'awa.receipts'::regclass, 'awa.closures'::regclass,
+                      'awa.heartbeats'::regclass, 'awa.claim_log'::regclass)

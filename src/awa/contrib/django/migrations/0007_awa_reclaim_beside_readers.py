@@ -1,0 +1,21 @@
+"""The ring's reclaim checks a slot without holding claims up (Awa migration
+0026), via Awa's migrations."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import migrations
+
+from awa.contrib.django.schema import migrate_for_connection
+
+AWA_SCHEMA_VERSION = 26
+
+
+class Migration(migrations.Migration):  # type: ignore[misc]
+    # Awa's migrations run on their own connection and take their own lock.
+    atomic = False
+    dependencies: ClassVar[list[tuple[str, str]]] = [("awa", "0006_awa_leaner_ring")]
+    operations: ClassVar[list[Any]] = [
+        migrations.RunPython(migrate_for_connection, migrations.RunPython.noop, elidable=False),
+    ]
