@@ -426,7 +426,8 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
         assert row is not None and row[0] == current_migration_version()
         assert applied == [("0001_awa_schema",), ("0002_awa_ring",), ("0003_awa_throughput",),
                            ("0004_awa_claim_and_reclaim",), ("0005_awa_ring_turns",),
-                           ("0006_awa_leaner_ring",), ("0007_awa_reclaim_beside_readers",)]
+                           ("0006_awa_leaner_ring",), ("0007_awa_reclaim_beside_readers",),
+                           ("0008_awa_history_by_name",)]
 
 
 def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:

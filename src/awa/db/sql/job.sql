@@ -212,12 +212,9 @@ ORDER BY id DESC
 LIMIT $4
 
 -- name: job_list_finished
-SELECT * FROM awa.jobs_done
-WHERE ($1::awa.job_state IS NULL OR state = $1)
-  AND ($2::text IS NULL OR kind = $2)
-  AND ($3::text IS NULL OR queue = $3)
-ORDER BY id DESC
-LIMIT $4
+-- Finished jobs, newest first, planned for these values (migration 0027: by
+-- the id index, or for a rare kind or queue by the bloom index of names).
+SELECT * FROM awa.history_newest($1::awa.job_state, $2::text, $3::text, $4::int)
 
 -- name: job_list_unsuccessful
 -- Finished jobs of state $1, failed or cancelled, newest first, through the
@@ -234,7 +231,8 @@ LIMIT $4
 
 -- name: job_list_any
 -- Jobs of any state (the rows of awa.jobs_all), newest first: the newest $3
--- of each table or view it unions, merged (as job_list_active).
+-- of each table or view it unions, merged (as job_list_active); the history's
+-- part planned for these values (job_list_finished).
 SELECT * FROM (
     (SELECT * FROM awa.jobs WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
     UNION ALL
@@ -247,7 +245,7 @@ SELECT * FROM (
             coalesce(tags, '{}'), coalesce(metadata, '{}'), errors, progress, output,
             unique_key, unique_states, ordering_key, callback_id, callback_timeout_at,
             concurrency_key, concurrency_limit, concurrency_slot
-     FROM awa.jobs_done WHERE ($1::text IS NULL OR kind = $1) AND ($2::text IS NULL OR queue = $2) ORDER BY id DESC LIMIT $3)
+     FROM awa.history_newest(NULL, $1::text, $2::text, $3::int))
     UNION ALL
     (SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_lease,
             run_at, created_at, attempted_at, heartbeat_at, deadline_at, finalized_at,
