@@ -308,11 +308,31 @@ class Harness:
                 sample = (f"SELECT {cols} FROM awa.jobs_active "  # noqa: S608
                           f"WHERE {where} ORDER BY id LIMIT 5")
                 left = await self.query(sample)
+                with contextlib.suppress(Exception):  # a diagnostic: never fails the check
+                    await self._dump_sessions(self.logdir / "sessions.txt")
                 self.report.violations.append(
                     f"not quiescent: {rows[0]['n']} jobs unfinished, e.g. "
-                    f"{[dict(r) for r in left]}; logs in {self.logdir}")
+                    f"{[dict(r) for r in left]}; logs (and the database's sessions and "
+                    f"locks, sessions.txt) in {self.logdir}")
                 return
             await asyncio.sleep(0.2)
+
+    async def _dump_sessions(self, path: Path) -> None:
+        """Write the database's sessions (who blocks whom, in which state, since when)
+        and their locks to ``path``: what holds up the jobs left unfinished."""
+        sessions = await self.query(
+            "SELECT pid, pg_blocking_pids(pid) AS blocked_by, application_name, state, "
+            "wait_event_type, wait_event, backend_xid::text AS xid, "
+            "backend_xmin::text AS xmin, now() - state_change AS since_change, "
+            "now() - xact_start AS xact_age, left(query, 200) AS query "
+            "FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() ORDER BY pid")
+        locks = await self.query(
+            "SELECT l.pid, l.locktype, l.mode, l.granted, l.relation::regclass::text AS rel, "
+            "l.transactionid::text AS xid FROM pg_locks l JOIN pg_stat_activity a "
+            "ON a.pid = l.pid WHERE a.datname = current_database() "
+            "AND l.locktype <> 'virtualxid' ORDER BY l.pid")
+        path.write_text("".join(f"{dict(r)!r}\n" for r in [*sessions, *locks]))
 
     # -- measurement -----------------------------------------------------------------
 

@@ -18,7 +18,10 @@ from tests.chaos.pgcluster import PrivateCluster
 from tests.chaos.proxy import HalfOpenProxy
 
 #: The LISTEN connection is the only worker connection without an application_name
-#: (the pools say "awa"), which is how the proxy tells it apart.
+#: (the pools say "awa", "awa-claim", "awa-runtime"), which is how the proxy tells it
+#: apart: a startup packet naming none. A connection whose startup packet has not
+#: gone through yet (one opening at the moment of the fault) names nothing yet and
+#: is neither counted nor frozen as one.
 LISTEN_APP = ""
 
 

@@ -231,7 +231,11 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
     connection, ``idle_in_transaction_timeout`` lets the server end a session
     whose client vanished mid-transaction (a half-open connection would
     otherwise hold its row locks for ever); behind a pooler, the pooler's own
-    ``idle_transaction_timeout`` does that job.
+    ``idle_transaction_timeout`` does that job. Neither ends a session its client
+    left in the middle of a statement (after asyncpg's Parse, Describe and Flush,
+    before its Bind, Execute and Sync), which no server timeout covers: the
+    runtime's rescue pass ends those of its own pools (`Rescuer`, by
+    ``application_name``).
 
     ``plans`` (the runtime's pools, direct connections only; JIT is off for
     both) chooses how statements are planned. PostgreSQL's default settles on

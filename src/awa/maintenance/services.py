@@ -20,6 +20,7 @@ from awa.core.states import (
     DEPENDENCY_RETENTION,
     FAILED_RETENTION,
     PARTITION_LOCK_TIMEOUT,
+    RUNTIME_STATEMENT_TIMEOUT,
 )
 from awa.db.queries import Queries, rows_affected
 from awa.maintenance.base import PeriodicService, Quarantine, lost_connection
@@ -70,19 +71,33 @@ class Promoter(PeriodicService):
 
 
 class Rescuer(PeriodicService):
-    """Attempts with a stale heartbeat or a passed deadline go back to retryable."""
+    """Attempts with a stale heartbeat or a passed deadline go back to retryable.
+
+    Each pass first ends the sessions of the runtime's pools (``stalled_sessions``:
+    their application names) left waiting for their client mid-statement for longer
+    than ``stalled_after`` (statement connection_end_stalled): a half-open connection
+    caught between asyncpg's prepare and its execute keeps its transaction, and the
+    locks a completion or this rescue needs, for as long as its TCP connection lives;
+    no server timeout ends it.
+    """
 
     name = "rescue"
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, staleness: timedelta,
                  failed_retention: timedelta,
-                 on_rescued: Callable[[list[Any]], Awaitable[None]] | None = None) -> None:
+                 on_rescued: Callable[[list[Any]], Awaitable[None]] | None = None,
+                 stalled_sessions: Iterable[str] = (),
+                 stalled_after: timedelta = RUNTIME_STATEMENT_TIMEOUT) -> None:
         super().__init__(pool, q, interval, is_leader)
         self._on_rescued = on_rescued
         self._staleness = staleness
         self._failed_retention = failed_retention
+        self._stalled_sessions = list(stalled_sessions)
+        self._stalled_after = stalled_after
         self.rescued = 0
+        #: Stalled sessions of the runtime's pools this rescuer ended.
+        self.ended_sessions = 0
         #: Jobs whose rescue fails on its own (one per statement): see `Quarantine`.
         self.quarantines = {"job_rescue_running": Quarantine("rescue"),
                             "callback_rescue_expired": Quarantine("callback rescue")}
@@ -92,6 +107,12 @@ class Rescuer(PeriodicService):
         single job leaves the other jobs' rescue alone (`Quarantine`)."""
         q = self._q
         failed: Exception | None = None
+        try:  # first the sessions that may hold what the rest waits for
+            await self.end_stalled_sessions()
+        except Exception as exc:
+            if lost_connection(exc):
+                raise
+            failed = exc
         try:  # stale ring attempts first move to awa.jobs, where the rescue finds them
             await self._pool.fetchval(q["ring_rescue"], self._staleness, RESCUE_BATCH)
         except Exception as exc:
@@ -121,6 +142,22 @@ class Rescuer(PeriodicService):
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+    async def end_stalled_sessions(self) -> int:
+        """End the runtime pools' sessions stalled mid-statement (half-open
+        connections, see the class); how many."""
+        if not self._stalled_sessions:
+            return 0
+        rows = await self._pool.fetch(self._q["connection_end_stalled"],
+                                      self._stalled_sessions, self._stalled_after)
+        for r in rows:
+            log.warning("ended session %d (%s): it had waited %.0f s for its client in the "
+                        "middle of a statement%s (a half-open connection?)", r["pid"],
+                        r["application_name"], r["stalled_s"],
+                        ", holding a write transaction" if r["in_write"] else "")
+        ended = sum(1 for r in rows if r["ended"])
+        self.ended_sessions += ended
+        return ended
 
     async def _record(self, rows: list[Any]) -> None:
         self.rescued += len(rows)

@@ -75,6 +75,10 @@ RUNTIME_POOL_SIZE = 6
 #: Connections of the claim pool (claims, one per queue at a time, and completion
 #: batches; the flusher and, with few queues, each dispatcher keep theirs).
 CLAIM_POOL_SIZE = 3
+#: The application_name of the claim pool's and the runtime pool's connections: the
+#: leader's rescue pass ends such a session stalled mid-statement (see `Rescuer`).
+CLAIM_POOL_NAME = "awa-claim"
+RUNTIME_POOL_NAME = "awa-runtime"
 
 
 
@@ -155,7 +159,9 @@ class Runtime:
                                             states.DEPENDENCY_RELEASE_INTERVAL)),
             Rescuer(pool, q, rescue_every, is_leader, staleness=c.heartbeat_staleness,
                     failed_retention=c.failed_retention,
-                    on_rescued=partial(after_rescue, pool, q, self.followups)),
+                    on_rescued=partial(after_rescue, pool, q, self.followups),
+                    stalled_sessions=(CLAIM_POOL_NAME, RUNTIME_POOL_NAME),
+                    stalled_after=states.RUNTIME_STATEMENT_TIMEOUT),
             # Every retention a finished job may carry: this worker's, and the
             # defaults that client-side cancels and callback resolutions use.
             Cleaner(pool, q, c.cleanup_interval, is_leader,
@@ -206,7 +212,9 @@ class Runtime:
         # Both of the runtime's own pools give up on a statement after
         # RUNTIME_STATEMENT_TIMEOUT, end a session left idle in a transaction
         # (a half-open client), and never JIT; the claim pool reuses plans for
-        # a moment, the runtime pool plans afresh (see create_pool).
+        # a moment, the runtime pool plans afresh (see create_pool). A session
+        # whose client vanished mid-statement, where no server timeout applies,
+        # is ended by the leader's rescue pass (Rescuer, by application_name).
         timeout = states.RUNTIME_STATEMENT_TIMEOUT.total_seconds()
 
         async def own_pool(name: str, size: int,
@@ -222,8 +230,8 @@ class Runtime:
         # a small pool of their own: a handler that holds every client
         # connection cannot starve heartbeats, and a half-open connection fails
         # its statement instead of hanging the worker. Both connect at once.
-        made = await asyncio.gather(own_pool("awa-claim", CLAIM_POOL_SIZE, "reused"),
-                                    own_pool("awa-runtime", RUNTIME_POOL_SIZE, "custom"),
+        made = await asyncio.gather(own_pool(CLAIM_POOL_NAME, CLAIM_POOL_SIZE, "reused"),
+                                    own_pool(RUNTIME_POOL_NAME, RUNTIME_POOL_SIZE, "custom"),
                                     return_exceptions=True)
         failed = next((p for p in made if isinstance(p, BaseException)), None)
         if failed is not None:  # close the one that opened, then fail the start
