@@ -124,7 +124,7 @@ async def test_every_second_with_three_workers_and_a_killed_leader(
             return bool(await conn.fetchval("SELECT count(*) FROM awa.jobs_all "
                                             "WHERE queue = 'cron_q'") >= n)
         await wait_until(lambda: fired(3), timeout=30, message="first fires")
-        holder = await conn.fetchval("SELECT holder FROM awa.leader")
+        holder = await conn.fetchval("SELECT holder FROM awa.leadership")
         pid = int(holder.split(":")[1])
         victim = next(p for p in procs if p.pid == pid)
         victim.send_signal(signal.SIGKILL)

@@ -427,7 +427,7 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
         assert applied == [("0001_awa_schema",), ("0002_awa_ring",), ("0003_awa_throughput",),
                            ("0004_awa_claim_and_reclaim",), ("0005_awa_ring_turns",),
                            ("0006_awa_leaner_ring",), ("0007_awa_reclaim_beside_readers",),
-                           ("0008_awa_history_by_name",)]
+                           ("0008_awa_history_by_name",), ("0009_awa_presence_append_only",)]
 
 
 def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:
@@ -658,7 +658,7 @@ def test_many_workers_run_each_task_once(
 
     def both_up() -> bool:  # one still starting has no SIGTERM handler yet (-15)
         with psycopg.connect(project) as c:
-            row = c.execute("SELECT count(*) FROM awa.runtime_instances").fetchone()
+            row = c.execute("SELECT count(*) FROM awa.presence").fetchone()
             return row is not None and row[0] >= 2
 
     wait_for(both_up, "both workers to be up", timeout=60)

@@ -230,3 +230,49 @@ async def test_the_lean_attempts_upgrade_keeps_open_ring_attempts_completable(
         assert await conn.fetchval("SELECT count(*) FROM awa.closures") == 2
     finally:
         await conn.close()
+
+
+async def test_the_presence_upgrade_keeps_the_leader_workers_and_grants(
+        empty_database_url: str) -> None:
+    """0028 makes leadership and presence append-only records: a worker of the
+    previous release that leads keeps its lease and shows as present, and a role
+    granted rights on the old tables (and on the ring's reclaim) gets them on the
+    new ones without a new `awa grants`."""
+    role = f"awa_presence_{abs(hash(empty_database_url)) % 10**8}"
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await schema_at(conn, 27)
+        await conn.execute("INSERT INTO awa.leader (holder, expires_at) "
+                           "VALUES ('old:1', now() + interval '1 minute')")
+        await conn.execute("INSERT INTO awa.runtime_instances (instance_id, hostname, pid, "
+                           "version, started_at, last_seen_at) "
+                           "VALUES ('old:1', 'h', 1, '0', now(), now())")
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.execute(f'CREATE ROLE "{role}"')
+        await conn.execute(f'GRANT USAGE ON SCHEMA awa TO "{role}"')
+        await conn.execute(f'GRANT SELECT, INSERT, UPDATE ON awa.leader, awa.runtime_instances '
+                           f'TO "{role}"')
+        await conn.execute(f'GRANT EXECUTE ON FUNCTION awa.ring_reclaim(text, smallint) '
+                           f'TO "{role}"')
+        assert await awa.migrate(empty_database_url) == list(
+            range(28, awa.current_migration_version() + 1))
+        assert await conn.fetchval("SELECT holder FROM awa.leadership") == "old:1"
+        assert await conn.fetchval("SELECT array_agg(instance_id) FROM awa.presence") == ["old:1"]
+        for table, right in (("awa.leader_terms", "INSERT"), ("awa.presence_beats", "INSERT"),
+                             ("awa.leadership", "SELECT"), ("awa.presence", "SELECT")):
+            assert await conn.fetchval("SELECT has_table_privilege($1, $2, $3)",
+                                       role, table, right), (table, right)
+        assert await conn.fetchval("SELECT has_function_privilege($1, $2, 'EXECUTE')", role,
+                                   "awa.rotation_tidy(text)")
+        assert not await conn.fetchval("SELECT has_function_privilege('public', $1, 'EXECUTE')",
+                                       "awa.rotation_tidy(text)")
+        async with conn.transaction():
+            await conn.execute(f'SET LOCAL ROLE "{role}"')
+            # The old worker leads: a worker of this release does not take the lease.
+            assert await conn.fetchval("SELECT awa.leader_take('new:2', interval '5 s')") \
+                is False
+            assert await conn.fetchval("SELECT awa.rotation_tidy('presence_beats')") is False
+    finally:
+        await conn.execute(f'DROP OWNED BY "{role}"')
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.close()

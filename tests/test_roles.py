@@ -163,6 +163,15 @@ async def test_runtime_role_runs_workers_maintenance_cron_dlq_and_callbacks(
             cleanup = runtime.service("cleanup")
             await cleanup.run_once()  # creates partitions ahead, drops the 2020 one
             assert cleanup.failures == 0
+            # Terms, beats and the tidy of their spent partitions (SECURITY DEFINER).
+            for name in ("leader", "presence"):
+                await runtime.service(name).run_once()
+                assert runtime.service(name).failures == 0, name
+            assert runtime.leader.is_leader
+            tidy = await (await client.pool()).fetchrow(
+                "SELECT awa.rotation_tidy('presence_beats') AS p, "
+                "awa.rotation_tidy('leader_terms') AS l")
+            assert tidy is not None and tidy["p"] is False and tidy["l"] is False  # nothing spent
         finally:
             await client.shutdown()
 

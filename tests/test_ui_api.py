@@ -56,7 +56,7 @@ async def test_pages_show_real_data(client: awa.AsyncClient) -> None:
         assert rt["leader"]["live"] and rt["leader"]["holder"] == rt["workers"][0]["instance_id"]
     await client.shutdown()
     pool = await client.pool()
-    assert await pool.fetchval("SELECT count(*) FROM awa.runtime_instances") == 0
+    assert await pool.fetchval("SELECT count(*) FROM awa.presence") == 0
 
 
 async def test_job_filters_search_and_cursor(client: awa.AsyncClient) -> None:

@@ -56,7 +56,10 @@ QUEUE = "harness_bench"
 # of the "awa" schema: the mutable lane (awa.jobs, awa.jobs_done_default,
 # awa.queue_throughput) and the append-only ring of migration 0020 (awa.ring
 # and each partition of its six families, because pg_stat_user_tables reports
-# per partition, never for the partitioned parent).  The harness takes any
+# per partition, never for the partitioned parent), and the leadership and
+# presence records of migration 0028, written every few seconds whatever the
+# load (before it: awa.leader and awa.runtime_instances, updated in place and
+# not counted here).  The harness takes any
 # number of tables: its metrics daemon runs one pg_stat_user_tables query per
 # table per tick, and its plots and summary.json's peak_dead_tup sum them.
 # awa.jobs stays first: the active-readers phase scans the first table.
@@ -71,6 +74,8 @@ EVENT_TABLES = {
         "awa.ring_turns",  # migration 0024 (awa.ring, before it, is now a view)
         "awa.ring_config",
         *(f"awa.{family}_{slot}" for family in RING_FAMILIES for slot in range(RING_SLOTS)),
+        *(f"awa.{record}_{part}" for record in ("leader_terms", "presence_beats")
+          for part in range(3)),
     ],
     "awa-pg": [],  # filled in at startup from the engine's own schema
 }

@@ -207,7 +207,7 @@ class Harness:
                 p.wait()
 
     async def leader_pid(self) -> int | None:
-        rows = await self.query("SELECT holder FROM awa.leader WHERE expires_at > now()")
+        rows = await self.query("SELECT holder FROM awa.leadership WHERE expires_at > now()")
         if not rows:
             return None
         return int(rows[0]["holder"].split(":")[1])
@@ -216,7 +216,7 @@ class Harness:
         """Until every live worker has registered its presence row."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            rows = await self.query("SELECT pid FROM awa.runtime_instances")
+            rows = await self.query("SELECT pid FROM awa.presence")
             if {p.pid for p in self.live()} <= {r["pid"] for r in rows}:
                 return
             await asyncio.sleep(0.1)

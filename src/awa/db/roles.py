@@ -16,13 +16,14 @@ from awa.db.queries import validate_schema
 
 _ROLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
-#: Partition DDL and the ring's TRUNCATE run through these SECURITY DEFINER
-#: functions (as the owner);
+#: Partition DDL and the TRUNCATEs of the ring and the rotating records run
+#: through these SECURITY DEFINER functions (as the owner);
 #: nobody but the runtime role may call them.
 DEFINER_FUNCTIONS = ("awa.ensure_done_partitions(timestamptz)",
                      "awa.ensure_done_partitions(timestamptz, timestamptz)",
                      "awa.drop_done_partitions(timestamptz)",
-                     "awa.ring_reclaim(text, smallint)")
+                     "awa.ring_reclaim(text, smallint)",
+                     "awa.rotation_tidy(text)")
 
 _RUNTIME = """\
 -- Runtime role {role}: workers, producers, admin operations. No DDL.

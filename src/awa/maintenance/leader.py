@@ -1,7 +1,9 @@
-"""Leader election through a lease row (works behind transaction poolers).
+"""Leader election through a lease (works behind transaction poolers).
 
 Each process tries every third of the election interval; the holder renews,
-and a dead leader's lease expires within one election interval.
+and a dead leader's lease expires within one election interval. Each take
+or renewal appends a term row (`awa.leader_take`, migration 0028), so a held
+xmin horizon keeps no dead versions of the lease.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ class LeaderElection(PeriodicService):
 
     async def run_once(self) -> None:
         try:
-            row = await self._pool.fetchrow(self._q["leader_acquire"], self.instance_id,
+            won = await self._pool.fetchval(self._q["leader_acquire"], self.instance_id,
                                             self._ttl)
         except Exception:
             self.is_leader = False
             raise
-        was, self.is_leader = self.is_leader, row is not None
+        was, self.is_leader = self.is_leader, bool(won)
         if self.is_leader != was:
             log.info("%s leadership (%s)", "took" if self.is_leader else "lost",
                      self.instance_id)

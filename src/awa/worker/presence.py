@@ -1,8 +1,11 @@
-"""Presence: each worker process keeps a row in ``awa.runtime_instances``.
+"""Presence: each worker process says what it is in ``awa.presence_beats``.
 
-The web UI's runtime page and ``awa`` operators read it to see which
-processes are alive, what they serve and which one leads maintenance;
-`snapshot` is what the row says, read from the runtime's parts.
+The web UI's runtime page and ``awa`` operators read the latest row of each
+process (the view ``awa.presence``) to see which processes are alive, what
+they serve and which one leads maintenance; `snapshot` is what a row says,
+read from the runtime's parts. Rows are only ever inserted; old ones go by
+TRUNCATE of a spent partition (migration 0028), which a long transaction
+does not hold back.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from awa.worker.dispatcher import Dispatcher
 PRESENCE_INTERVAL = timedelta(seconds=2)
 #: A row not refreshed for this many intervals is shown as stale.
 STALE_AFTER_INTERVALS = 3
+#: Every this many intervals a process tries to empty the records' spent partitions.
+TIDY_EVERY = 30
 
 
 def snapshot(leader: LeaderElection, listening: bool, attempts: Attempts,
@@ -46,7 +51,7 @@ def snapshot(leader: LeaderElection, listening: bool, attempts: Attempts,
 
 
 class Presence(PeriodicService):
-    """Upserts this process's row every ``interval``; removes it at shutdown."""
+    """Appends this process's row every ``interval``; says goodbye at shutdown."""
 
     name = "presence"
     leader_only = False
@@ -58,12 +63,17 @@ class Presence(PeriodicService):
         self._snapshot = snapshot
         self._started_at = datetime.now(UTC)
 
+    def _identity(self) -> tuple[str, str, int, str, datetime]:
+        return (self._instance_id, socket.gethostname(), os.getpid(), __version__,
+                self._started_at)
+
     async def run_once(self) -> None:
         s = self._snapshot()
         await self._pool.execute(
-            self._q["presence_upsert"], self._instance_id, socket.gethostname(), os.getpid(),
-            __version__, self._started_at, s["is_leader"], s["listening"], s["in_flight"],
-            s["claimed"], s["completed"], json.dumps(s["queues"]))
+            self._q["presence_beat"], *self._identity(), s["is_leader"], s["listening"],
+            s["in_flight"], s["claimed"], s["completed"], json.dumps(s["queues"]))
+        if self.runs % TIDY_EVERY == 0:
+            await self._pool.execute(self._q["presence_tidy"])
         if self.runs % 60 == 0:
             await self._pool.execute(self._q["presence_prune"])
             await self._pool.execute(self._q["descriptor_prune"])
@@ -74,4 +84,4 @@ class Presence(PeriodicService):
 
     async def remove(self) -> None:
         """Say goodbye at shutdown, so the process leaves the runtime page at once."""
-        await self._pool.execute(self._q["presence_remove"], self._instance_id)
+        await self._pool.execute(self._q["presence_remove"], *self._identity())

@@ -7,18 +7,15 @@
 SELECT set_config('lock_timeout', $1::text, true)
 
 -- name: leader_acquire
--- Take or renew the leader lease; returns a row only to the leader.
-INSERT INTO awa.leader AS l (singleton, holder, expires_at)
-VALUES (true, $1, now() + $2::interval)
-ON CONFLICT (singleton) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
-WHERE l.holder = EXCLUDED.holder OR l.expires_at < now()
-RETURNING holder
+-- Take or renew the leader lease (a new term row, migration 0028); true only
+-- for the leader.
+SELECT awa.leader_take($1, $2::interval)
 
 -- name: leader_release
-DELETE FROM awa.leader WHERE holder = $1
+SELECT awa.leader_resign($1)
 
 -- name: leader_current
-SELECT holder, expires_at FROM awa.leader WHERE expires_at >= now()
+SELECT holder, expires_at FROM awa.leadership WHERE expires_at >= now()
 
 -- name: job_promote_due
 -- Make due scheduled / retryable jobs available and wake their queues. $2:

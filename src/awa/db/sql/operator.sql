@@ -12,7 +12,7 @@ SET descriptor = EXCLUDED.descriptor, fingerprint = EXCLUDED.fingerprint, declar
 -- first), how many live processes declare it and how many variants they hold.
 WITH d AS (
     SELECT d.*, coalesce(r.last_seen_at > now() - make_interval(secs => $1), false) AS live
-    FROM awa.descriptors d LEFT JOIN awa.runtime_instances r USING (instance_id)
+    FROM awa.descriptors d LEFT JOIN awa.presence r USING (instance_id)
 )
 SELECT scope, name,
        (array_agg(descriptor ORDER BY live DESC, declared_at DESC))[1] AS descriptor,
@@ -26,7 +26,7 @@ GROUP BY scope, name ORDER BY scope, name
 -- name: descriptor_prune
 -- Declarations of vanished processes, keeping the newest per name (it shows as stale).
 DELETE FROM awa.descriptors d
-WHERE NOT EXISTS (SELECT 1 FROM awa.runtime_instances r WHERE r.instance_id = d.instance_id)
+WHERE NOT EXISTS (SELECT 1 FROM awa.presence r WHERE r.instance_id = d.instance_id)
   AND EXISTS (SELECT 1 FROM awa.descriptors n
               WHERE n.scope = d.scope AND n.name = d.name AND n.declared_at > d.declared_at)
 

@@ -15,7 +15,7 @@ SET paused = true, paused_by = EXCLUDED.paused_by, paused_at = EXCLUDED.paused_a
 SELECT EXISTS (SELECT 1 FROM awa.queues WHERE queue = $1)
     OR EXISTS (SELECT 1 FROM awa.queue_overrides WHERE queue = $1)
     OR EXISTS (SELECT 1 FROM awa.descriptors WHERE scope = 'queue' AND name = $1)
-    OR EXISTS (SELECT 1 FROM awa.runtime_instances WHERE queues ? $1)
+    OR EXISTS (SELECT 1 FROM awa.presence WHERE queues ? $1)
     OR EXISTS (SELECT 1 FROM awa.cron_jobs WHERE queue = $1)
     OR EXISTS (SELECT 1 FROM awa.jobs WHERE state = 'available' AND queue = $1)
     OR EXISTS (SELECT 1 FROM awa.jobs WHERE state = 'running' AND queue = $1)
@@ -163,7 +163,7 @@ WITH RECURSIVE queues AS (
     SELECT queue::text FROM ring_queues
     WHERE queue IS NOT NULL AND awa.ring_available(queue, 1) > 0
 ), served AS (
-    SELECT jsonb_object_keys(queues) AS queue FROM awa.runtime_instances
+    SELECT jsonb_object_keys(queues) AS queue FROM awa.presence
     WHERE last_seen_at > now() - $2::interval
 )
 SELECT q.queue, s.kind, s.sampled

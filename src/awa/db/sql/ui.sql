@@ -63,7 +63,7 @@ SELECT queue::text FROM avail WHERE queue IS NOT NULL
 UNION SELECT queue::text FROM ring WHERE queue IS NOT NULL AND awa.ring_available(queue, 1) > 0
 UNION SELECT queue FROM awa.queues
 UNION SELECT DISTINCT queue FROM awa.queue_throughput WHERE minute > now() - interval '1 day'
-UNION SELECT jsonb_object_keys(queues) FROM awa.runtime_instances
+UNION SELECT jsonb_object_keys(queues) FROM awa.presence
 UNION SELECT DISTINCT queue FROM awa.jobs_active WHERE state = 'running'
 ORDER BY 1
 
@@ -168,7 +168,7 @@ FROM awa.jobs_done WHERE state = 'failed' AND state <> 'completed' ORDER BY id D
 
 -- name: ui_runtime
 SELECT r.*, extract(epoch FROM now() - r.last_seen_at)::float8 AS seen_seconds_ago
-FROM awa.runtime_instances r ORDER BY r.started_at
+FROM awa.presence r ORDER BY r.started_at
 
 -- name: ui_leader
-SELECT holder, expires_at, expires_at > now() AS live FROM awa.leader
+SELECT holder, expires_at, expires_at > now() AS live FROM awa.leadership
