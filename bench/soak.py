@@ -26,7 +26,9 @@ each job carrying sent_at = time.time() taken just before its insert; the
 handler's first action records time.time() - sent_at (pickup latency).  Every
 --sample-seconds the orchestrator reads the worker's window (jobs handled,
 pickup p50/p99, slowest claim and completion batch) and the database: n_dead_tup
-and total size of awa.jobs, awa.jobs_done (all partitions) and awa.dlq, partition
+and total size of awa.jobs, the append-only lane's tables (all partitions of its
+six families: where plain jobs live on a new database), awa.jobs_done (all
+partitions) and awa.dlq, partition
 count, expired partitions still present, WAL written, and the longest statement
 a 100-ms probe saw running.  Output: bench/results/soak.json, soak.md and
 soak_{throughput,p99,dead_tuples,table_size}.png.
@@ -224,7 +226,13 @@ async def role_produce(a) -> None:
 # orchestrator (bench/.venvs/_runner)
 
 SAMPLE_SQL = """
-WITH parts AS (SELECT relid FROM pg_partition_tree('awa.jobs_done') WHERE isleaf)
+WITH parts AS (SELECT relid FROM pg_partition_tree('awa.jobs_done') WHERE isleaf),
+-- The append-only lane's tables (migration 0020), where plain jobs live on a
+-- database created by this release: every partition of the six families.
+ring AS (SELECT p.relid
+         FROM unnest(ARRAY['awa.ready', 'awa.ready_cancels', 'awa.claim_log', 'awa.receipts',
+                           'awa.closures', 'awa.heartbeats']::regclass[]) f,
+              pg_partition_tree(f) p WHERE p.isleaf)
 SELECT
   (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass),
   (SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'awa.jobs'::regclass),
@@ -260,12 +268,17 @@ SELECT
      FROM pg_stat_activity
      WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
        AND now() - query_start > interval '5 s'
-     ORDER BY query_start LIMIT 1)
+     ORDER BY query_start LIMIT 1),
+  (SELECT coalesce(sum(s.n_dead_tup), 0)::bigint
+     FROM pg_stat_user_tables s JOIN ring USING (relid)),
+  (SELECT coalesce(sum(s.n_live_tup), 0)::bigint
+     FROM pg_stat_user_tables s JOIN ring USING (relid)),
+  (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM ring)::bigint
 """
 SAMPLE_KEYS = ["jobs_dead", "jobs_live", "jobs_bytes", "done_bytes", "done_dead", "done_live",
                "partitions", "_parts", "dlq_bytes", "dlq_dead", "default_rows", "_lsn",
                "backlog", "jobs_vacuums", "oldest_xact_s", "oldest_xact_db",
-               "horizon_lag_xids", "long_statement"]
+               "horizon_lag_xids", "long_statement", "ring_dead", "ring_live", "ring_bytes"]
 
 SEED_SQL = """
 INSERT INTO awa.jobs_done (id, kind, queue, args, state, priority, attempt, max_attempts,

@@ -40,6 +40,8 @@ def summarize(ph: dict) -> dict:
     def peak_of(key, part):
         return max((s[key] for s in part), default=None)
 
+    ring = bool(ss) and "ring_dead" in ss[0]
+
     return {
         "jobs_per_s": _mean(s["jobs_per_s"] for s in warm),
         "p50_ms": ph["worker"].get("p50_ms"),
@@ -54,6 +56,11 @@ def summarize(ph: dict) -> dict:
         "jobs_dead_max_second_half": peak_of("jobs_dead", ss[half:]),
         "jobs_bytes_max_first_half": peak_of("jobs_bytes", ss[:half]),
         "jobs_bytes_max_second_half": peak_of("jobs_bytes", ss[half:]),
+        # The append-only lane (soak.json of runs before it has no ring_* keys).
+        "ring_dead_max_first_half": peak_of("ring_dead", ss[:half]) if ring else None,
+        "ring_dead_max_second_half": peak_of("ring_dead", ss[half:]) if ring else None,
+        "ring_bytes_max_first_half": peak_of("ring_bytes", ss[:half]) if ring else None,
+        "ring_bytes_max_second_half": peak_of("ring_bytes", ss[half:]) if ring else None,
         "dlq_bytes_first": ss[0]["dlq_bytes"] if ss else None,
         "dlq_bytes_last": ss[-1]["dlq_bytes"] if ss else None,
         "done_bytes_first": ss[0]["done_bytes"] if ss else None,
@@ -178,6 +185,16 @@ def checks(fresh: dict, soak: dict) -> list[dict]:
         f"{s['jobs_bytes_max_second_half']:,} vs {s['jobs_bytes_max_first_half']:,}",
         "≤ max(1.25 × 1st half, 8 MiB)",
         _bounded(s["jobs_bytes_max_first_half"], s["jobs_bytes_max_second_half"], 8 << 20))
+    if s.get("ring_dead_max_first_half") is not None:
+        add("append-only lane's tables, dead tuples: max of 2nd half vs 1st half",
+            f"{s['ring_dead_max_second_half']:,} vs {s['ring_dead_max_first_half']:,}",
+            "≤ max(1.25 × 1st half, 20,000)",
+            _bounded(s["ring_dead_max_first_half"], s["ring_dead_max_second_half"], 20_000))
+        add("append-only lane's tables, size: max of 2nd half vs 1st half (bytes)",
+            f"{s['ring_bytes_max_second_half']:,} vs {s['ring_bytes_max_first_half']:,}",
+            "≤ max(1.25 × 1st half, 64 MiB)",
+            _bounded(s["ring_bytes_max_first_half"], s["ring_bytes_max_second_half"],
+                     64 << 20))
     add("awa.dlq size: last vs first (bytes)", f"{s['dlq_bytes_last']:,} vs "
         f"{s['dlq_bytes_first']:,}", "unchanged (no failures)",
         s["dlq_bytes_last"] == s["dlq_bytes_first"])
@@ -247,18 +264,22 @@ def plots(fresh: dict, soak: dict, rate: float, results: Path) -> list[str]:
     for ph, _, _ in phases:
         for s in ph["samples"]:
             s["jobs_mib"] = s["jobs_bytes"] / 2**20
+            s["ring_mib"] = s.get("ring_bytes", 0) / 2**20
+            s.setdefault("ring_dead", 0)
             s["done_gib"] = s["done_bytes"] / 2**30
             s["dlq_mib"] = s["dlq_bytes"] / 2**20
     fig("throughput", [("Completed jobs/s, one worker process", "jobs/s",
                         [("jobs_per_s", "-", "")])], (rate, f"offered {rate:,.0f}/s"))
     fig("p99", [("Pickup latency, insert → handler start (per window)", "ms",
                  [("p99_ms", "-", " p99"), ("p50_ms", ":", " p50")])])
-    fig("dead_tuples", [("Dead tuples in awa.jobs (n_dead_tup)", "dead tuples",
-                         [("jobs_dead", "-", "")]),
+    fig("dead_tuples", [("Dead tuples in awa.jobs and in the append-only lane's tables "
+                          "(n_dead_tup)", "dead tuples",
+                         [("jobs_dead", "-", " awa.jobs"), ("ring_dead", ":", " lane")]),
                         ("xmin horizon lag: XIDs between the oldest running transaction "
                          "(any database) and the next", "XIDs", [("horizon_lag_xids", "-", "")])])
     fig("table_size", [
-        ("awa.jobs (total relation size)", "MiB", [("jobs_mib", "-", "")]),
+        ("awa.jobs and the append-only lane's tables (total relation size)", "MiB",
+         [("jobs_mib", "-", " awa.jobs"), ("ring_mib", ":", " lane")]),
         ("awa.jobs_done, all partitions", "GiB", [("done_gib", "-", "")]),
         ("awa.dlq", "MiB", [("dlq_mib", "-", "")])])
     return out
@@ -310,6 +331,10 @@ def markdown(report: dict, fmt) -> str:
             ("pickup max, ms", "max_ms"), ("WAL bytes / job", "wal_per_job"),
             ("awa.jobs dead tuples, max", "jobs_dead_max_second_half"),
             ("awa.jobs size, max bytes (2nd half)", "jobs_bytes_max_second_half"),
+            ("append-only lane's tables, dead tuples, max (2nd half)",
+             "ring_dead_max_second_half"),
+            ("append-only lane's tables, size, max bytes (2nd half)",
+             "ring_bytes_max_second_half"),
             ("awa.jobs vacuums by the leader", "jobs_vacuums"),
             ("jobs_done size at the end, bytes", "done_bytes_last"),
             ("jobs_done partitions dropped", "partitions_dropped"),
@@ -360,7 +385,8 @@ def sample_line(s: dict, fmt) -> str:
     """The console line of one window: throughput, pickup, sizes, machine, probes."""
     return (f"  t={s['t']:6.0f}s {s['jobs_per_s']:8,.0f} jobs/s  p50 {fmt(s['p50_ms'])} p99 "
           f"{fmt(s['p99_ms'])} ms  dead {s['jobs_dead']:,}  jobs {s['jobs_bytes'] / 2**20:.1f} "
-          f"MiB  done {s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
+          f"MiB  lane dead {s.get('ring_dead', 0):,} {s.get('ring_bytes', 0) / 2**20:.1f} MiB"
+          f"  done {s['done_bytes'] / 2**20:,.0f} MiB ({s['partitions']} parts, "
           f"{s['expired_partitions']} expired)  cpu {s['host_busy_pct']:.0f}% steal "
           f"{s['host_steal_pct']:.1f}%  lag {fmt(s['loop_lag_ms'])} ms  commit "
           f"{fmt(s['commit_max_ms'])} ms  claims {s['claims']} (slowest "
