@@ -225,6 +225,17 @@ async def role_produce(a) -> None:
 # ===========================================================================
 # orchestrator (bench/.venvs/_runner)
 
+
+def _portable(value: object) -> object:
+    """A parameter as the report keeps it: a path inside the repository relative to
+    it (committed results name no machine's paths)."""
+    if isinstance(value, str) and value.startswith("/"):
+        try:
+            return str(Path(value).resolve().relative_to(HERE.parent)) or "."
+        except ValueError:
+            return value
+    return value
+
 SAMPLE_SQL = """
 WITH parts AS (SELECT relid FROM pg_partition_tree('awa.jobs_done') WHERE isleaf),
 -- The append-only lane's tables (migration 0020), where plain jobs live on a
@@ -786,7 +797,8 @@ def main() -> None:
     for arm in (fresh, soak):
         arm["summary"] = soak_report.summarize(arm)
     report = {"started": started, "environment": env, "env_line": tools.env_line(env),
-              "params": {k: v for k, v in vars(args).items() if k not in ("role", "url")},
+              "params": {k: _portable(v) for k, v in vars(args).items()
+                         if k not in ("role", "url")},
               "peak": peak, "rate": rate, "sample_seconds": sample_s,
               "concurrency": CONCURRENCY, "fresh": fresh, "soak": soak,
               "checks": soak_report.checks(fresh, soak)}
