@@ -20,9 +20,9 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from run import db_url  # bench/run.py (this script's directory is on sys.path)
 
 import awa
 
@@ -34,16 +34,12 @@ WHERE schemaname = 'awa' AND (relname IN ('leader', 'runtime_instances')
 ORDER BY relname"""
 
 
-def _with_db(url: str, db: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
-
-
 async def main(a: argparse.Namespace) -> None:
     admin = await asyncpg.connect(a.database_url)
     await admin.execute(f'DROP DATABASE IF EXISTS "{a.db}" WITH (FORCE)')
     await admin.execute(f'CREATE DATABASE "{a.db}"')
     await admin.close()
-    url = _with_db(a.database_url, a.db)
+    url = db_url(a.database_url, a.db)
     await awa.migrate(url)
     client = awa.AsyncClient(url)
 
