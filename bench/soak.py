@@ -515,9 +515,12 @@ def log_plans_over(admin, db: str, ms: int) -> None:
     """Sessions opened on ``db`` from now on log the plan of every statement
     that runs ``ms`` or longer (auto_explain, to the server's log): the way to
     name the plan of a statement the activity probe saw running for seconds.
-    Plans only (no log_analyze: timing every statement would slow the run)."""
+    Plans only (no log_analyze: timing every statement would slow the run);
+    statements inside functions too (the claim and the ring's upkeep are
+    plpgsql: their own call shows no plan)."""
     for setting, value in (("session_preload_libraries", "auto_explain"),
-                           ("auto_explain.log_min_duration", f"{int(ms)}ms")):
+                           ("auto_explain.log_min_duration", f"{int(ms)}ms"),
+                           ("auto_explain.log_nested_statements", "on")):
         admin.conn.execute(f'ALTER DATABASE "{db}" SET {setting} = \'{value}\'')
 
 

@@ -427,7 +427,8 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
         assert applied == [("0001_awa_schema",), ("0002_awa_ring",), ("0003_awa_throughput",),
                            ("0004_awa_claim_and_reclaim",), ("0005_awa_ring_turns",),
                            ("0006_awa_leaner_ring",), ("0007_awa_reclaim_beside_readers",),
-                           ("0008_awa_history_by_name",), ("0009_awa_presence_append_only",)]
+                           ("0008_awa_history_by_name",), ("0009_awa_presence_append_only",),
+                           ("0010_awa_reclaim_by_counts",)]
 
 
 def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:

@@ -649,3 +649,127 @@ async def test_throughput_counts_are_only_inserted(pool: asyncpg.Pool) -> None:
     series = await pool.fetch(Queries()["ui_series"], 5, "q")
     assert [(r["completed"], r["failed"], r["wait_count"]) for r in series] in (
         [(7, 1, 7)], [(3, 1, 3), (4, 0, 4)])  # the two flushes may straddle a minute
+
+
+# Migration 0023's test of a spent ready slot, which read every row of it and
+# every receipt claimed from it: the reference migration 0029's probes must agree with.
+READY_SPENT_BY_ROWS = """
+SELECT NOT EXISTS (
+    SELECT 1 FROM (SELECT DISTINCT w.queue FROM awa.ready w WHERE w.slot = $1) q
+    LEFT JOIN LATERAL (
+        SELECT c.snap FROM awa.claim_log c
+        WHERE c.queue = q.queue
+          AND c.n = (SELECT min(t) - 1 FROM (
+                         SELECT l.cur_tick FROM awa.claim_log l
+                         WHERE l.queue = q.queue ORDER BY l.n DESC LIMIT 1) z,
+                     unnest(z.cur_tick) t)
+    ) spent ON true
+    WHERE spent.snap IS NULL OR EXISTS (
+        SELECT 1 FROM awa.ready w
+        WHERE w.slot = $1 AND w.queue = q.queue
+          AND NOT pg_visible_in_snapshot(w.xid, spent.snap)))
+AND NOT EXISTS (
+    SELECT 1 FROM awa.receipts r WHERE r.ready_slot = $1 AND NOT EXISTS (
+        SELECT 1 FROM awa.closures c
+        WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))"""
+OPEN_BY_ROWS = """SELECT EXISTS (SELECT 1 FROM awa.receipts r WHERE r.slot = $1 AND NOT EXISTS (
+                      SELECT 1 FROM awa.closures c
+                      WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))"""
+
+
+async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: asyncpg.Pool) -> None:
+    """Migration 0029 decides that a ready slot is spent by index probes (per lane:
+    a row at or past the tick's xmax, or of a transaction running at the tick)
+    and that a receipt slot has open attempts by counting. Through producers
+    that stay open across claims (their rows belong to a later tick than their
+    ids suggest), rollbacks, several lanes, attempts closed in any order and
+    turns of the ring, both answer as reading every row does, and each answer
+    is seen both ways."""
+    rng = random.Random(29)
+    seen: Counter[tuple[str, bool]] = Counter()
+    open_attempts: list[asyncpg.Record] = []
+    producers = [await pool.acquire() for _ in range(3)]
+    running: dict[int, asyncpg.transaction.Transaction] = {}
+    try:
+        for step in range(120):
+            action = rng.random()
+            if action < 0.3:  # a producer inserts, in a transaction left open or not
+                k = rng.randrange(len(producers))
+                if k not in running:
+                    running[k] = producers[k].transaction()
+                    await running[k].start()
+                await ring(producers[k], rng.randint(1, 5), rng.randint(1, 4))
+                if rng.random() < 0.5:
+                    tr = running.pop(k)
+                    await (tr.rollback() if rng.random() < 0.2 else tr.commit())
+            elif action < 0.4 and running:  # an open producer ends
+                k = rng.choice(list(running))
+                tr = running.pop(k)
+                await (tr.rollback() if rng.random() < 0.2 else tr.commit())
+            elif action < 0.7:
+                open_attempts += [r for r in await claim(pool, rng.randint(1, 8))
+                                  if r["receipt_slot"] is not None]
+            elif action < 0.95 and open_attempts:
+                for r in rng.sample(open_attempts, rng.randint(1, len(open_attempts))):
+                    await pool.fetchval(CLOSE, *attempt(r))
+                    open_attempts.remove(r)
+            elif step % 3 == 0:
+                await pool.fetchval("SELECT awa.ring_advance()")  # into an empty slot only
+            for s in range(4):
+                by_rows = await pool.fetchval(READY_SPENT_BY_ROWS, s)
+                assert await pool.fetchval("SELECT awa.ring_ready_spent($1::smallint)", s) \
+                    is by_rows, (step, s)
+                seen["ready", by_rows] += 1
+                is_open = await pool.fetchval(OPEN_BY_ROWS, s)
+                assert await pool.fetchval("SELECT awa.ring_open($1::smallint)", s) \
+                    is is_open, (step, s)
+                seen["open", is_open] += 1
+    finally:
+        for tr in running.values():
+            await tr.rollback()
+        for conn in producers:
+            await pool.release(conn)
+    assert all(seen[kind, answer] > 0 for kind in ("ready", "open") for answer in (True, False))
+
+
+async def test_the_slot_just_left_keeps_its_attempts_in_flight(pool: asyncpg.Pool) -> None:
+    """Reclaiming the receipts of the slot the ring has just left would move the
+    attempts in flight at the turn to the mutable lane (migration 0029 leaves
+    them); a turn later, one still open moves, so a long job never pins the ring."""
+    (job_id,) = await ring(pool)  # slot 0
+    (job,) = await claim(pool)  # its receipt in slot 0
+    await move_ring_to(pool, 1)
+    assert not await reclaim(pool, "receipts", 0)
+    assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", job_id) == 0
+    await move_ring_to(pool, 2)
+    assert not await reclaim(pool, "receipts", 0)  # moved; its ready row is still there
+    assert await pool.fetchval("SELECT state FROM awa.jobs WHERE id = $1", job_id) == "running"
+    assert await pool.fetchval(CLOSE, *attempt(job)) is None  # the moved closure came first
+
+
+async def test_a_row_of_a_transaction_running_at_the_tick_keeps_its_slot(
+        pool: asyncpg.Pool) -> None:
+    """A producer open while claims pass its slot commits later: its row is in
+    no tick the cursors have passed (its transaction is in the running list of
+    their snapshots, below their xmax), so the slot is not spent until a claim
+    takes the row and the attempt ends."""
+    spent = "SELECT awa.ring_ready_spent(0::smallint)"
+    async with pool.acquire() as producer:
+        tr = producer.transaction()
+        await tr.start()
+        (late,) = await ring(producer)
+        (early,) = await ring(pool)
+        (first,) = await claim(pool)
+        assert first["id"] == early
+        await pool.fetchval(CLOSE, *attempt(first))
+        await claim(pool)  # nothing more to take: the cursors pass the tick
+        await tr.commit()
+    assert await pool.fetchval(spent) is False
+    assert await pool.fetchval(READY_SPENT_BY_ROWS, 0) is False
+    (second,) = await claim(pool)
+    assert second["id"] == late
+    assert await pool.fetchval(spent) is False  # its attempt still reads the row
+    await pool.fetchval(CLOSE, *attempt(second))
+    await claim(pool)
+    assert await pool.fetchval(spent) is True
+    assert await pool.fetchval(READY_SPENT_BY_ROWS, 0) is True
