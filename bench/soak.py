@@ -7,10 +7,11 @@
 1. **Peak**: bulk-insert --peak-jobs no-op jobs into a fresh database and drain
    them with one worker process (concurrency 32), --peak-rounds times (median:
    the drain peak); then, on a fresh database, the soak's own producer offers
-   1.25x that for 45 s to one worker process: the jobs/s the worker completes
-   over the last 30 s is the peak (loaded: what one worker sustains with the
-   producer beside it on the same 2 cores; a drain of 20k jobs also counts
-   its start, so it can read below that). --peak-kind drain skips
+   1.25x that for 150 s to one worker process: the jobs/s the worker completes
+   over the last 135 s is the peak (loaded: what one worker sustains with the
+   producer beside it on the same 2 cores, over five turns of the append-only
+   lane's ring, whose upkeep a 45-s window barely saw; a drain of 20k jobs also
+   counts its start, so it can read below that). --peak-kind drain skips
    the loaded measure; --peak R skips both.
 2. **Two databases**: "fresh", freshly migrated, and "soak", the same seeded
    with --history finished jobs in awa.jobs_done (hourly partitions,
@@ -727,7 +728,7 @@ def measure_peak(tools, drv, admin, n: int, rounds: int) -> dict:
     return peak
 
 
-def measure_loaded_peak(tools, drv, admin, offer: float, seconds: float = 45.0,
+def measure_loaded_peak(tools, drv, admin, offer: float, seconds: float = 150.0,
                         skip: float = 15.0) -> dict:
     """Jobs/s one worker process completes while the soak's producer offers ``offer``
     (more than it can take) on a fresh database, counted after ``skip`` s: a lower
