@@ -739,6 +739,8 @@ async def test_the_slot_just_left_keeps_its_attempts_in_flight(pool: asyncpg.Poo
     (job_id,) = await ring(pool)  # slot 0
     (job,) = await claim(pool)  # its receipt in slot 0
     await move_ring_to(pool, 1)
+    await claim(pool)  # a tick after it: every cursor past the ready row
+    assert not await reclaim(pool, "ready", 0)
     assert not await reclaim(pool, "receipts", 0)
     assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", job_id) == 0
     await move_ring_to(pool, 2)
