@@ -12,6 +12,7 @@ is closed there only; a slot is truncated only when everything in it is spent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -504,6 +505,39 @@ async def test_a_table_a_long_transaction_holds_is_not_asked_for_until_it_ends(
     assert await pool.fetchval("SELECT count(*) FROM awa.ready_0") == 0
 
 
+async def test_the_keeper_looks_again_at_the_slot_just_left_after_a_turn(
+        pool: asyncpg.Pool) -> None:
+    """The slot just left is kept while the attempts in flight at the turn are
+    open; the keeper looks at it again a moment later in the same pass rather
+    than a whole pass later, and stops looking once it is truncated (or after
+    its few looks, if an attempt stays open)."""
+    keeper = RingKeeper(pool, queries(), timedelta(seconds=30), lambda: True)
+    keeper.attempts, keeper.retry_seconds, keeper.settle_seconds = 1, 0.0, (0.5, 1.0, 2.0)
+    await ring(pool)
+    (in_flight,) = await claim(pool, 1)  # receipt slot 0
+
+    async def finish_soon() -> None:
+        await asyncio.sleep(0.1)  # after the turn and the first look
+        assert await pool.fetchval(CLOSE, *attempt(in_flight)) == 1
+        await claim(pool, 1)  # a tick past the ready row
+
+    finishing = asyncio.create_task(finish_soon())
+    await keeper.run_once()  # turns into slot 1, finds slot 0 open, looks again
+    await finishing
+    assert await pool.fetchval("SELECT awa.ring_slot()") == 1
+    assert await pool.fetchval("SELECT count(*) FROM awa.ring_occupied() WHERE slot = 0") == 0
+    assert not keeper.left_held
+
+    await ring(pool)
+    (stays,) = await claim(pool, 1)  # receipt slot 1, open throughout the pass
+    keeper.settle_seconds = (0.1, 0.1)
+    await keeper.run_once()  # turns into 2; slot 1 kept through every look
+    assert await pool.fetchval("SELECT awa.ring_slot()") == 2
+    assert keeper.left_held
+    assert await pool.fetchval("SELECT count(*) FROM awa.receipts WHERE slot = 1") == 1
+    assert await pool.fetchval(CLOSE, *attempt(stays)) == 1
+
+
 async def turn_to(pool: asyncpg.Pool, slot: int) -> None:
     """A turn of the ring straight to ``slot`` (migration 0024's record of turns)."""
     await pool.execute("INSERT INTO awa.ring_turns (n, slot) "
@@ -672,6 +706,13 @@ AND NOT EXISTS (
     SELECT 1 FROM awa.receipts r WHERE r.ready_slot = $1 AND NOT EXISTS (
         SELECT 1 FROM awa.closures c
         WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))"""
+# Migration 0023's test that no ready row a receipt slot's attempts came from
+# is left, a join of every receipt: the reference for 0030's, which looks only
+# at ready slots that hold rows.
+DRAINED_BY_ROWS = """SELECT NOT EXISTS (SELECT 1 FROM awa.receipts r
+                      JOIN awa.ready w ON w.slot = r.ready_slot AND w.id = r.id
+                                      AND w.lease_base = r.run_lease - 1
+                      WHERE r.slot = $1)"""
 OPEN_BY_ROWS = """SELECT EXISTS (SELECT 1 FROM awa.receipts r WHERE r.slot = $1 AND NOT EXISTS (
                       SELECT 1 FROM awa.closures c
                       WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))"""
@@ -680,11 +721,13 @@ OPEN_BY_ROWS = """SELECT EXISTS (SELECT 1 FROM awa.receipts r WHERE r.slot = $1 
 async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: asyncpg.Pool) -> None:
     """Migration 0029 decides that a ready slot is spent by index probes (per lane:
     a row at or past the tick's xmax, or of a transaction running at the tick)
-    and that a receipt slot has open attempts by counting. Through producers
-    that stay open across claims (their rows belong to a later tick than their
-    ids suggest), rollbacks, several lanes, attempts closed in any order and
-    turns of the ring, both answer as reading every row does, and each answer
-    is seen both ways."""
+    and that a receipt slot has open attempts by counting; 0030 that the ready
+    rows a receipt slot's attempts came from are gone by looking only at ready
+    slots that hold rows. Through producers that stay open across claims (their
+    rows belong to a later tick than their ids suggest), rollbacks, several
+    lanes, attempts closed in any order, turns of the ring and truncated ready
+    slots, all three answer as reading every row does, and each answer is seen
+    both ways."""
     rng = random.Random(29)
     seen: Counter[tuple[str, bool]] = Counter()
     open_attempts: list[asyncpg.Record] = []
@@ -715,6 +758,10 @@ async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: async
                     open_attempts.remove(r)
             elif step % 3 == 0:
                 await pool.fetchval("SELECT awa.ring_advance()")  # into an empty slot only
+            else:  # truncate the spent ready slots (receipts may outlive their rows)
+                for s in range(4):
+                    with contextlib.suppress(asyncpg.LockNotAvailableError):
+                        await reclaim(pool, "ready", s)
             for s in range(4):
                 by_rows = await pool.fetchval(READY_SPENT_BY_ROWS, s)
                 assert await pool.fetchval("SELECT awa.ring_ready_spent($1::smallint)", s) \
@@ -724,12 +771,17 @@ async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: async
                 assert await pool.fetchval("SELECT awa.ring_open($1::smallint)", s) \
                     is is_open, (step, s)
                 seen["open", is_open] += 1
+                drained = await pool.fetchval(DRAINED_BY_ROWS, s)
+                assert await pool.fetchval("SELECT awa.ring_receipts_drained($1::smallint)",
+                                           s) is drained, (step, s)
+                seen["drained", drained] += 1
     finally:
         for tr in running.values():
             await tr.rollback()
         for conn in producers:
             await pool.release(conn)
-    assert all(seen[kind, answer] > 0 for kind in ("ready", "open") for answer in (True, False))
+    assert all(seen[kind, answer] > 0 for kind in ("ready", "open", "drained")
+               for answer in (True, False)), seen
 
 
 async def test_the_slot_just_left_keeps_its_attempts_in_flight(pool: asyncpg.Pool) -> None:
@@ -747,6 +799,34 @@ async def test_the_slot_just_left_keeps_its_attempts_in_flight(pool: asyncpg.Poo
     assert not await reclaim(pool, "receipts", 0)  # moved; its ready row is still there
     assert await pool.fetchval("SELECT state FROM awa.jobs WHERE id = $1", job_id) == "running"
     assert await pool.fetchval(CLOSE, *attempt(job)) is None  # the moved closure came first
+
+
+async def test_receipts_outlive_their_ready_rows_only_once_those_are_truncated(
+        pool: asyncpg.Pool) -> None:
+    """A receipt slot is drained (no ready row its attempts came from is left)
+    once the ready slots it read from are truncated, though its receipts are
+    still there; a ready row it read in a slot still held keeps it (0030 looks
+    only in ready slots that hold rows)."""
+    drained = "SELECT awa.ring_receipts_drained(1::smallint)"
+    await ring(pool, 2)  # both in ready slot 0
+    (first,) = await claim(pool, 1)  # its receipt in slot 0
+    await pool.fetchval(CLOSE, *attempt(first))
+    await move_ring_to(pool, 1)
+    (second,) = await claim(pool, 1)  # receipt slot 1, from ready slot 0
+    assert attempt(second)[0] == 1
+    await pool.fetchval(CLOSE, *attempt(second))
+    assert await pool.fetchval(drained) is False
+    assert await pool.fetchval(DRAINED_BY_ROWS, 1) is False
+    await claim(pool)  # a tick past both rows
+    assert await reclaim(pool, "ready", 0)
+    assert await pool.fetchval("SELECT count(*) FROM awa.receipts WHERE slot = 1") == 1
+    assert await pool.fetchval(drained) is True
+    assert await pool.fetchval(DRAINED_BY_ROWS, 1) is True
+    await ring(pool)  # ready slot 1
+    (third,) = await claim(pool, 1)
+    await pool.fetchval(CLOSE, *attempt(third))
+    assert await pool.fetchval(drained) is False  # its ready row is in slot 1, still held
+    assert await pool.fetchval(DRAINED_BY_ROWS, 1) is False
 
 
 async def test_a_row_of_a_transaction_running_at_the_tick_keeps_its_slot(
