@@ -14,9 +14,6 @@ SELECT awa.leader_take($1, $2::interval)
 -- name: leader_release
 SELECT awa.leader_resign($1)
 
--- name: leader_current
-SELECT holder, expires_at FROM awa.leadership WHERE expires_at >= now()
-
 -- name: job_promote_due
 -- Make due scheduled / retryable jobs available and wake their queues. $2:
 -- only these jobs (NULL: any), $3: never these (see Rescuer).
