@@ -512,12 +512,15 @@ async def test_the_keeper_looks_again_at_the_slot_just_left_after_a_turn(
     than a whole pass later, and stops looking once it is truncated (or after
     its few looks, if an attempt stays open)."""
     keeper = RingKeeper(pool, queries(), timedelta(seconds=30), lambda: True)
-    keeper.attempts, keeper.retry_seconds, keeper.settle_seconds = 1, 0.0, (0.5, 1.0, 2.0)
+    keeper.attempts, keeper.retry_seconds, keeper.settle_seconds = 1, 0.0, (1.0, 2.0, 4.0)
     await ring(pool)
     (in_flight,) = await claim(pool, 1)  # receipt slot 0
 
     async def finish_soon() -> None:
-        await asyncio.sleep(0.1)  # after the turn and the first look
+        for _ in range(3000):  # the turn, and a first look that kept slot 0
+            if keeper.left_held:
+                break
+            await asyncio.sleep(0.01)
         assert await pool.fetchval(CLOSE, *attempt(in_flight)) == 1
         await claim(pool, 1)  # a tick past the ready row
 
