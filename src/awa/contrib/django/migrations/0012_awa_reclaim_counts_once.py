@@ -1,0 +1,21 @@
+"""Reclaiming the slot just left counts its attempts twice (Awa migration 0031), via Awa's
+migrations."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import migrations
+
+from awa.contrib.django.schema import migrate_for_connection
+
+AWA_SCHEMA_VERSION = 31
+
+
+class Migration(migrations.Migration):  # type: ignore[misc]
+    # Awa's migrations run on their own connection and take their own lock.
+    atomic = False
+    dependencies: ClassVar[list[tuple[str, str]]] = [("awa", "0011_awa_upkeep_reads_less")]
+    operations: ClassVar[list[Any]] = [
+        migrations.RunPython(migrate_for_connection, migrations.RunPython.noop, elidable=False),
+    ]
