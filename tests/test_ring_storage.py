@@ -545,8 +545,9 @@ async def test_the_keeper_looks_again_at_the_slot_just_left_after_a_turn(
     await keeper.run_once()  # turns into 2; slot 1 kept through every look
     assert await pool.fetchval("SELECT awa.ring_slot()") == 2
     assert keeper.left_held
-    # Its ready table kept, its receipts are not asked for (each ask counts them).
-    assert asked.count(("ready", 1)) == 3 and ("receipts", 1) not in asked, asked
+    # Kept at each of its three looks, the receipts too (answered without a
+    # count while the ready rows are there: test below).
+    assert asked.count(("ready", 1)) == 3 and asked.count(("receipts", 1)) == 3, asked
     assert await pool.fetchval("SELECT count(*) FROM awa.receipts WHERE slot = 1") == 1
     assert await pool.fetchval(CLOSE, *attempt(stays)) == 1
 
@@ -719,6 +720,10 @@ AND NOT EXISTS (
     SELECT 1 FROM awa.receipts r WHERE r.ready_slot = $1 AND NOT EXISTS (
         SELECT 1 FROM awa.closures c
         WHERE c.slot = r.slot AND c.id = r.id AND c.run_lease = r.run_lease))"""
+# The same, wrongly looking only at the current slot's receipts: the random
+# test below must meet states where this differs (an older slot's open attempt).
+READY_SPENT_BY_CURRENT_RECEIPTS = READY_SPENT_BY_ROWS.replace(
+    "WHERE r.ready_slot = $1 AND", "WHERE r.ready_slot = $1 AND r.slot = awa.ring_slot() AND")
 # Migration 0023's test that no ready row a receipt slot's attempts came from
 # is left, a join of every receipt: the reference for 0030's, which looks only
 # at ready slots that hold rows.
@@ -741,10 +746,12 @@ async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: async
     stay open across claims (their rows belong to a later tick than their ids
     suggest), rollbacks, several lanes, attempts closed in any order, turns of
     the ring and truncated ready slots, all three answer as reading every row
-    does, and each answer is seen both ways."""
+    does, and each answer is seen both ways; some attempts stay open across
+    turns, so a ready slot kept only by an older slot's open attempt is met."""
     rng = random.Random(29)
     seen: Counter[tuple[str, bool]] = Counter()
     open_attempts: list[asyncpg.Record] = []
+    long_attempts: list[asyncpg.Record] = []
     producers = [await pool.acquire() for _ in range(3)]
     running: dict[int, asyncpg.transaction.Transaction] = {}
     try:
@@ -763,14 +770,18 @@ async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: async
                 k = rng.choice(list(running))
                 tr = running.pop(k)
                 await (tr.rollback() if rng.random() < 0.2 else tr.commit())
-            elif action < 0.7:
-                open_attempts += [r for r in await claim(pool, rng.randint(1, 8))
-                                  if r["receipt_slot"] is not None]
-            elif action < 0.95 and open_attempts:
+            elif action < 0.65:
+                for r in await claim(pool, rng.randint(1, 8)):
+                    if r["receipt_slot"] is not None:
+                        # some run long: open across turns of the ring
+                        (long_attempts if rng.random() < 0.25 else open_attempts).append(r)
+            elif action < 0.85 and open_attempts:
                 for r in rng.sample(open_attempts, rng.randint(1, len(open_attempts))):
                     await pool.fetchval(CLOSE, *attempt(r))
                     open_attempts.remove(r)
-            elif step % 3 == 0:
+            elif action < 0.9 and long_attempts:
+                await pool.fetchval(CLOSE, *attempt(long_attempts.pop(0)))
+            elif step % 2 == 0 and step >= 30:  # turns once attempts are open
                 await pool.fetchval("SELECT awa.ring_advance()")  # into an empty slot only
             else:  # truncate the spent ready slots (receipts may outlive their rows)
                 for s in range(4):
@@ -785,6 +796,10 @@ async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: async
                 assert await pool.fetchval("SELECT awa.ring_ready_spent($1::smallint, $2)",
                                            s, closed) is by_rows, (step, s, closed)
                 seen["ready", by_rows] += 1
+                # kept only by an open attempt claimed in an older slot: a test
+                # that looked at the current slot's receipts alone would differ
+                seen["older", by_rows is not await pool.fetchval(
+                    READY_SPENT_BY_CURRENT_RECEIPTS, s)] += 1
                 is_open = await pool.fetchval(OPEN_BY_ROWS, s)
                 assert await pool.fetchval("SELECT awa.ring_open($1::smallint)", s) \
                     is is_open, (step, s)
@@ -800,6 +815,7 @@ async def test_the_spent_tests_by_index_agree_with_reading_every_row(pool: async
             await pool.release(conn)
     assert all(seen[kind, answer] > 0 for kind in ("ready", "open", "drained")
                for answer in (True, False)), seen
+    assert seen["older", True] > 0, seen
 
 
 async def test_the_slot_just_left_keeps_its_attempts_in_flight(pool: asyncpg.Pool) -> None:
@@ -851,6 +867,29 @@ async def test_reclaiming_the_slot_just_left_counts_its_attempts_twice_a_table(
             read = await rows_read(conn, "receipts_0") - before
         # two counts, and for the receipts the two looks' "any row here?" (one each)
         assert 2 * n <= read < 3 * n, (family, read)
+    assert await pool.fetchval("SELECT count(*) FROM awa.receipts WHERE slot = 0") == 0
+
+
+async def test_the_receipts_of_the_slot_just_left_wait_uncounted_while_its_ready_rows_stay(
+        pool: asyncpg.Pool) -> None:
+    """While the ready table of the slot just left holds rows, reclaiming its
+    receipts answers "not yet" from one ready row, reading none of its
+    receipts (0032; 0031 counted them all first); once the ready table is
+    truncated the receipts go as before."""
+    n = 200
+    await ring(pool, n)
+    jobs = await claim(pool, n)
+    for j in jobs:
+        await pool.fetchval(CLOSE, *attempt(j))  # every attempt closed
+    await move_ring_to(pool, 1)  # no tick past the rows yet: ready slot 0 not spent
+    async with pool.acquire() as conn, conn.transaction():
+        before = await rows_read(conn, "receipts_0")
+        assert not await conn.fetchval("SELECT awa.ring_reclaim('receipts', 0::smallint)")
+        assert await rows_read(conn, "receipts_0") == before
+    assert not await reclaim(pool, "ready", 0)
+    await claim(pool)  # a tick past every ready row
+    assert await reclaim(pool, "ready", 0)
+    assert await reclaim(pool, "receipts", 0)
     assert await pool.fetchval("SELECT count(*) FROM awa.receipts WHERE slot = 0") == 0
 
 

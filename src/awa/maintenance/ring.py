@@ -95,21 +95,14 @@ class RingKeeper(PeriodicService):
                                              FAMILIES.index(fs[0])))
         long_held = await self._long_held()
         done = 0
-        ready_kept = False  # the ready table of the slot just left, in this pass
         for family, slot in order:
             if f"{family}_{slot}" in long_held:
                 self.deferred += 1
-                continue
-            if family == "receipts" and slot == left and ready_kept:
-                # Its ready table was just kept: its attempts are open or the
-                # ready rows they came from are still there, and asking would
-                # count the full slot once more for the same answer.
                 continue
             if await self._reclaim_one(family, slot):
                 done += 1
             elif slot == left:
                 self.left_held = True
-                ready_kept = ready_kept or family == "ready"
         self.truncated += done
         return done
 
