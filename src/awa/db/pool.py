@@ -121,17 +121,72 @@ def resolve_database_url(database_url: str | None) -> str:
     return embedded_database_url()
 
 
+#: OIDs below this are PostgreSQL's own types, the same in every database.
+FIRST_USER_OID = 16384
+#: asyncpg's type introspection rows for built-in scalar and array types, by
+#: server version, shared by the process's connections (see AwaConnection).
+_builtin_types: dict[Any, dict[int, Any]] = {}
+#: PostgreSQL's array types of the scalars Awa and its users pass (bool, bytea,
+#: int2, int4, int8, float4, float8, numeric, varchar, date, timestamp,
+#: timestamptz, interval, uuid, json, jsonb, xid8: fixed OIDs, pg_type.dat),
+#: looked up with whatever a connection first asks for, so that one lookup
+#: serves the process.
+BUILTIN_ARRAY_OIDS = (1000, 1001, 1005, 1007, 1016, 1021, 1022, 1231, 1015, 1182,
+                      1115, 1185, 1187, 2951, 199, 3807, 271)
+
+
+class _NoStatement:
+    """Stands for the introspection statement that did not run (asyncpg re-prepares
+    the caller's unnamed statement only when one did)."""
+
+    name = "awa-builtin-types"
+
+
+def _shareable(row: Any) -> bool:
+    """A built-in scalar, or an array of one: its row alone describes it."""
+    return (row["oid"] < FIRST_USER_OID and not row["attrtypoids"]
+            and not row["range_subtype"] and not row["basetype"]
+            and (not row["elemtype"] or row["elemtype"] < FIRST_USER_OID))
+
+
 class AwaConnection(asyncpg.Connection):
-    """Pooled connection that skips asyncpg's reset round trip on release.
+    """Pooled connection that skips asyncpg's reset round trip on release, and
+    looks up each built-in type once per process rather than once per connection.
 
     Awa's statements leave no session state behind (no LISTEN, no session
     advisory locks, temp tables are ON COMMIT DROP), so the reset query would
     only cost a round trip per operation. Code using `Transaction` should use
     ``SET LOCAL`` rather than ``SET``.
+
+    asyncpg knows only ``text[]`` and ``oid[]`` among array types; for any
+    other (``bigint[]``, ``boolean[]``, ...) each new connection runs its
+    introspection query, about 17 ms of server time, before its first
+    statement that uses one. A worker opens a few connections as it starts
+    and more as load grows, each first using a different few of them. So the
+    first lookup of a built-in type takes the common array types with it
+    (`BUILTIN_ARRAY_OIDS`), and rows for PostgreSQL's own types (fixed OIDs)
+    are reused by every later connection; Awa's own types (enums, whose OIDs differ by database) and any
+    row that is not self-contained are looked up by asyncpg as before.
     """
 
     def get_reset_query(self) -> str:
         return ""
+
+    async def _introspect_types(self, typeoids: Any, timeout: Any) -> Any:
+        known = _builtin_types.setdefault(self.get_server_version(), {})
+        oids = list(typeoids)
+        if oids and all(oid in known for oid in oids):
+            return [known[oid] for oid in oids], _NoStatement()
+        if any(oid < FIRST_USER_OID for oid in oids):
+            oids += [oid for oid in BUILTIN_ARRAY_OIDS if oid not in known and oid not in oids]
+        result = await super()._introspect_types(oids, timeout)  # type: ignore[misc]
+        try:
+            for row in result[0]:
+                if _shareable(row):
+                    known[row["oid"]] = row
+        except (TypeError, KeyError, IndexError):  # another asyncpg's shape: no sharing
+            pass
+        return result
 
 
 _detected: dict[str, bool] = {}
