@@ -165,8 +165,9 @@ class AwaConnection(asyncpg.Connection):
     and more as load grows, each first using a different few of them. So the
     first lookup of a built-in type takes the common array types with it
     (`BUILTIN_ARRAY_OIDS`), and rows for PostgreSQL's own types (fixed OIDs)
-    are reused by every later connection; Awa's own types (enums, whose OIDs differ by database) and any
-    row that is not self-contained are looked up by asyncpg as before.
+    are reused by every later connection; Awa's own types (enums, whose OIDs
+    differ by database) and any row that is not self-contained are looked up
+    by asyncpg as before.
     """
 
     def get_reset_query(self) -> str:
