@@ -258,17 +258,22 @@ class Runtime:
         if self.config.listen:
             self._listen_task = asyncio.create_task(self.listener.run(self._stop_services),
                                                     name="awa-listen")
-        for svc in self.services:  # presence, the jobs_done partitions (before claiming)
-            try:
-                await svc.prepare()
-            except Exception:  # each is retried by its periodic pass
-                log.warning("%s: could not prepare", svc.name, exc_info=True)
+        # Presence, the jobs_done partitions (before claiming), each on a
+        # connection of its own, at once.
+        await asyncio.gather(*(self._prepare(svc) for svc in self.services))
         for svc in self.services:
             self._loops.append(asyncio.create_task(svc.run(self._stop_services),
                                                    name=f"awa-{svc.name}"))
         self._dispatch_loops = [
             asyncio.create_task(d.run(self._stop_claiming), name=f"awa-dispatch-{name}")
             for name, d in self.dispatchers.items()]
+
+    @staticmethod
+    async def _prepare(svc: PeriodicService) -> None:
+        try:
+            await svc.prepare()
+        except Exception:  # each is retried by its periodic pass
+            log.warning("%s: could not prepare", svc.name, exc_info=True)
 
     async def shutdown(self, timeout: float) -> None:
         """Stop claiming, let handlers finish up to ``timeout`` s, then abandon the rest."""
@@ -283,8 +288,16 @@ class Runtime:
             await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         await self.runner.finish(timeout)
         await self.completer.stop(timeout=max(timeout, 5.0))
-        if self._claim_pool is not None:
-            await close_pool_within(self._claim_pool)
+        # The claim pool closes while the services stop (each on its own pool).
+        await asyncio.gather(*((close_pool_within(self._claim_pool),)
+                               if self._claim_pool is not None else ()),
+                             self._stop_the_rest())
+        if self._runtime_pool is not None:
+            await close_pool_within(self._runtime_pool)
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _stop_the_rest(self) -> None:
+        """Stop the services, the listener and the health server; leave the cluster."""
         self._stop_services.set()
         await asyncio.gather(*self._loops, return_exceptions=True)
         if self._listen_task is not None:
@@ -293,15 +306,14 @@ class Runtime:
         await self.listener.close()
         if self.health_server is not None:
             await self.health_server.stop()
-        try:
-            await self.leader.resign()
-            await cast(Presence, self.service("presence")).remove()
-        except Exception as exc:  # a lost database: one line, its traceback says nothing more
+        results = await asyncio.gather(self.leader.resign(),
+                                       cast(Presence, self.service("presence")).remove(),
+                                       return_exceptions=True)
+        for exc in (r for r in results if isinstance(r, Exception)):
+            # a lost database: one line, its traceback says nothing more
             log.warning("could not resign leadership or remove presence: %r", exc,
                         exc_info=not unreachable(exc))
-        if self._runtime_pool is not None:
-            await close_pool_within(self._runtime_pool)
-        self._threads.shutdown(wait=False, cancel_futures=True)
+            break
 
     def handlers_in_threads(self) -> int:
         """Plain ``def`` handlers still running in the thread pool (after `shutdown`:
