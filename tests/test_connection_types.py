@@ -67,6 +67,15 @@ async def test_a_second_connection_looks_up_no_builtin_array_type(
     # the first connection, too, had them all from its one lookup
     assert tuple(await first.fetchrow(ROUND_TRIP, *VALUES)) == VALUES
     assert len(lookups) == 1, lookups
+    # arrays whose elements need rows of their own (a range; a domain over an
+    # integer, information_schema's) are looked up on each connection as before
+    for conn in (first, second):
+        span = await conn.fetchval("SELECT ARRAY[int4range(1, 3)]")
+        assert (span[0].lower, span[0].upper) == (1, 3)
+        assert await conn.fetchval(
+            "SELECT array_agg(ordinal_position ORDER BY ordinal_position) "
+            "FROM information_schema.columns WHERE table_name = 'pg_class' "
+            "AND ordinal_position <= 2") == [1, 2]
 
 
 async def test_a_databases_own_types_are_looked_up_on_each_connection(

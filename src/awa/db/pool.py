@@ -123,8 +123,8 @@ def resolve_database_url(database_url: str | None) -> str:
 
 #: OIDs below this are PostgreSQL's own types, the same in every database.
 FIRST_USER_OID = 16384
-#: asyncpg's type introspection rows for built-in scalar and array types, by
-#: server version, shared by the process's connections (see AwaConnection).
+#: asyncpg's type introspection rows for `BUILTIN_ARRAY_OIDS`, by server
+#: version, shared by the process's connections (see AwaConnection).
 _builtin_types: dict[Any, dict[int, Any]] = {}
 #: PostgreSQL's array types of the scalars Awa and its users pass (bool, bytea,
 #: int2, int4, int8, float4, float8, numeric, varchar, date, timestamp,
@@ -143,10 +143,11 @@ class _NoStatement:
 
 
 def _shareable(row: Any) -> bool:
-    """A built-in scalar, or an array of one: its row alone describes it."""
-    return (row["oid"] < FIRST_USER_OID and not row["attrtypoids"]
-            and not row["range_subtype"] and not row["basetype"]
-            and (not row["elemtype"] or row["elemtype"] < FIRST_USER_OID))
+    """One of `BUILTIN_ARRAY_OIDS`: its row alone describes it (its element has a
+    codec of asyncpg's own). Not, say, ``int4range[]`` or an information_schema
+    domain's array, whose element needs a row of its own."""
+    return row["oid"] in BUILTIN_ARRAY_OIDS and row["elemtype"] and not row["attrtypoids"] \
+        and not row["range_subtype"] and not row["basetype"]
 
 
 class AwaConnection(asyncpg.Connection):
@@ -165,9 +166,9 @@ class AwaConnection(asyncpg.Connection):
     and more as load grows, each first using a different few of them. So the
     first lookup of a built-in type takes the common array types with it
     (`BUILTIN_ARRAY_OIDS`), and rows for PostgreSQL's own types (fixed OIDs)
-    are reused by every later connection; Awa's own types (enums, whose OIDs
-    differ by database) and any row that is not self-contained are looked up
-    by asyncpg as before.
+    are reused by every later connection; every other type (Awa's enums, whose
+    OIDs differ by database; ranges, composites, domains) is looked up by
+    asyncpg as before.
     """
 
     def get_reset_query(self) -> str:

@@ -288,13 +288,16 @@ class Runtime:
             await asyncio.gather(*self._dispatch_loops, return_exceptions=True)
         await self.runner.finish(timeout)
         await self.completer.stop(timeout=max(timeout, 5.0))
-        # The claim pool closes while the services stop (each on its own pool).
-        await asyncio.gather(*((close_pool_within(self._claim_pool),)
-                               if self._claim_pool is not None else ()),
-                             self._stop_the_rest())
+        # The claim pool closes while the services stop (each on its own pool);
+        # whatever fails, the runtime pool and the threads are let go too.
+        results = await asyncio.gather(*((close_pool_within(self._claim_pool),)
+                                         if self._claim_pool is not None else ()),
+                                       self._stop_the_rest(), return_exceptions=True)
         if self._runtime_pool is not None:
             await close_pool_within(self._runtime_pool)
         self._threads.shutdown(wait=False, cancel_futures=True)
+        for failed in (r for r in results if isinstance(r, BaseException)):
+            raise failed
 
     async def _stop_the_rest(self) -> None:
         """Stop the services, the listener and the health server; leave the cluster."""
