@@ -835,6 +835,32 @@ async def test_the_slot_just_left_keeps_its_attempts_in_flight(pool: asyncpg.Poo
     assert await pool.fetchval(CLOSE, *attempt(job)) is None  # the moved closure came first
 
 
+async def test_a_long_attempt_in_the_slot_just_left_cannot_pin_the_ring(
+        pool: asyncpg.Pool) -> None:
+    """An attempt claimed from a ready row two turns older (a backlog) and still
+    open at the turn keeps that ready slot, the next the ring must turn into,
+    unspent; the slot just left is left alone only for 10 s after the turn
+    (0032), then its open attempt moves to the mutable lane and the ring turns.
+    Before, the ring stayed pinned for as long as the job ran."""
+    (job_id,) = await ring(pool)  # ready slot 0
+    await move_ring_to(pool, 2)
+    (job,) = await claim(pool, 1)  # its receipt in slot 2
+    assert attempt(job)[0] == 2
+    await claim(pool)  # a tick past the row
+    await move_ring_to(pool, 3)  # slot 2 just left; slot 0 is next
+    assert not await reclaim(pool, "receipts", 2)  # the turn is young: left alone
+    assert not await reclaim(pool, "ready", 0)  # the open attempt reads its row
+    assert await pool.fetchval("SELECT awa.ring_advance()") is None
+    assert await pool.fetchval("SELECT count(*) FROM awa.jobs WHERE id = $1", job_id) == 0
+    await pool.execute("UPDATE awa.ring_turns SET at = at - interval '11 seconds' "
+                       "WHERE n = (SELECT max(n) FROM awa.ring_turns)")
+    assert not await reclaim(pool, "receipts", 2)  # moved; its ready row is still there
+    assert await pool.fetchval("SELECT state FROM awa.jobs WHERE id = $1", job_id) == "running"
+    assert "ready" in await reclaim_slot(pool, 0)
+    assert await pool.fetchval("SELECT awa.ring_advance()") == 0
+    assert await pool.fetchval(CLOSE, *attempt(job)) is None  # the moved closure came first
+
+
 async def rows_read(conn: asyncpg.Connection, table: str) -> int:
     """Rows of ``table`` read so far in this transaction (by scans of any kind)."""
     n: int = await conn.fetchval(

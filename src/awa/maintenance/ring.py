@@ -39,7 +39,8 @@ RECLAIM_RETRY_SECONDS = 1.0
 #: open (migration 0029), and those in flight at the turn mostly end within a
 #: moment. Without a second look it waited a whole pass, and the ring held two
 #: slots' rows for half of each minute (bench/soak.py at 12,000 jobs/s), which
-#: every count and scan of the ring then read.
+#: every count and scan of the ring then read. All within the 10 s after a
+#: turn that the reclaim leaves the slot alone for (migration 0032).
 SETTLE_SECONDS = (1.0, 2.0, 4.0)
 
 

@@ -8,13 +8,21 @@
 -- for the receipts then counts the full table (0.1 s under load) for a "not
 -- yet". 0031 had the keeper skip that ask, a rule in Python on top of this
 -- function; here the function answers it itself from one row of the ready
--- table, so every caller gets it. The receipts are asked for again once the
--- ready rows are gone, or once the ring has turned again: the slot is then no
--- longer the one just left, and an open attempt in it moves to the mutable
--- lane as before, so a long job never pins the ring.
+-- table, so every caller gets it. The receipts go once the ready rows are
+-- gone; from 10 seconds after the turn the slot is treated as an older one.
+--
+-- And the slot just left is left alone only for the first 10 seconds after
+-- the turn (the ring keeper looks again 1, 2 and 4 s after it; its next pass
+-- comes 30 s later). Until now it was left alone for as long as it stayed the
+-- slot just left, and that could be for ever: an attempt claimed in it from a
+-- ready row two turns older (a backlog) and still running at the turn keeps
+-- that ready slot, the next the ring must turn into, from being spent; the
+-- ring cannot turn, the slot stays the one just left, and its attempt was
+-- never moved to the mutable lane. Found in review. From 10 s after the turn
+-- its open attempts move as an older slot's do, and the ring turns.
 
--- 0031's reclaim; the receipts of the slot just left wait, without a count,
--- while its ready table holds rows.
+-- 0031's reclaim; the slot just left is left alone for 10 s after the turn,
+-- and its receipts wait, without a count, while its ready table holds rows.
 CREATE OR REPLACE FUNCTION awa.ring_reclaim(family text, s smallint) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -32,8 +40,11 @@ BEGIN
         RETURN false;  -- the slot being written
     END IF;
     -- The slot the ring has just left, while attempts claimed in it are still
-    -- open (the jobs in flight at the turn): left alone (0029).
-    IF family IN ('ready', 'receipts') AND s = (awa.ring_slot() + n - 1) % n THEN
+    -- open (the jobs in flight at the turn): left alone (0029), for the first
+    -- seconds after the turn only (0032, below).
+    IF family IN ('ready', 'receipts') AND s = (awa.ring_slot() + n - 1) % n
+       AND (SELECT t.at FROM awa.ring_turns t ORDER BY t.n DESC LIMIT 1)
+           > now() - interval '10 seconds' THEN
         IF family = 'receipts' THEN
             -- Its ready rows are still there: not yet, and one row says so
             -- where a count of its receipts would read them all (0032).
