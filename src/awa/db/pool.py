@@ -142,14 +142,6 @@ class _NoStatement:
     name = "awa-builtin-types"
 
 
-def _shareable(row: Any) -> bool:
-    """One of `BUILTIN_ARRAY_OIDS`: its row alone describes it (its element has a
-    codec of asyncpg's own). Not, say, ``int4range[]`` or an information_schema
-    domain's array, whose element needs a row of its own."""
-    return row["oid"] in BUILTIN_ARRAY_OIDS and row["elemtype"] and not row["attrtypoids"] \
-        and not row["range_subtype"] and not row["basetype"]
-
-
 class AwaConnection(asyncpg.Connection):
     """Pooled connection that skips asyncpg's reset round trip on release, and
     looks up each built-in type once per process rather than once per connection.
@@ -183,8 +175,11 @@ class AwaConnection(asyncpg.Connection):
             oids += [oid for oid in BUILTIN_ARRAY_OIDS if oid not in known and oid not in oids]
         result = await super()._introspect_types(oids, timeout)  # type: ignore[misc]
         try:
+            # Only these: each row alone describes its type (its element has a
+            # codec of asyncpg's own), unlike, say, int4range[] or an
+            # information_schema domain's array, whose element needs a row too.
             for row in result[0]:
-                if _shareable(row):
+                if row["oid"] in BUILTIN_ARRAY_OIDS:
                     known[row["oid"]] = row
         except (TypeError, KeyError, IndexError):  # another asyncpg's shape: no sharing
             pass

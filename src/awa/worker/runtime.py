@@ -296,7 +296,8 @@ class Runtime:
         if self._runtime_pool is not None:
             await close_pool_within(self._runtime_pool)
         self._threads.shutdown(wait=False, cancel_futures=True)
-        for failed in (r for r in results if isinstance(r, BaseException)):
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
             raise failed
 
     async def _stop_the_rest(self) -> None:
@@ -312,11 +313,10 @@ class Runtime:
         results = await asyncio.gather(self.leader.resign(),
                                        cast(Presence, self.service("presence")).remove(),
                                        return_exceptions=True)
-        for exc in (r for r in results if isinstance(r, Exception)):
-            # a lost database: one line, its traceback says nothing more
+        exc = next((r for r in results if isinstance(r, Exception)), None)
+        if exc is not None:  # a lost database: one line, its traceback says nothing more
             log.warning("could not resign leadership or remove presence: %r", exc,
                         exc_info=not unreachable(exc))
-            break
 
     def handlers_in_threads(self) -> int:
         """Plain ``def`` handlers still running in the thread pool (after `shutdown`:
