@@ -626,6 +626,29 @@ async def test_quick_queues_claim_ahead_and_hand_back_unstarted_jobs(
         + [(i, "available", 0) for i in blocked[2:]])
 
 
+async def test_a_quick_queue_claims_up_to_the_default_batch_of_512_at_once(
+        client: awa.AsyncClient, signals: Signals) -> None:
+    """By default a queue of quick handlers claims up to `CLAIM_BATCH_SIZE` (512)
+    jobs per statement, most of them ahead of its free slots: a claim's fixed
+    cost is spread over that many jobs. Never more than that."""
+    assert awa.worker.config.QueueConfig(name="x").claim_batch_size == 512
+
+    @client.task(Step)
+    async def handle(job: awa.Job) -> None:
+        return None
+
+    warm = [(await client.insert(Step(i))).id for i in range(40)]
+    await client.start([("default", 4)], **FAST)
+    await _finished(client, warm)  # the handlers have shown they are quick
+    since = signals.mark()
+    ids = [j.id for j in await client.insert_many([Step(100 + i) for i in range(1500)])]
+    jobs = await _finished(client, ids)
+    assert {j.state for j in jobs} == {awa.JobState.Completed}
+    sizes = [s.data["jobs"] for s in signals.history[since:]
+             if s.name == "claim" and s.data["queue"] == "default"]
+    assert max(sizes) > 128 and max(sizes) <= 512, sizes
+
+
 async def test_claims_keep_their_connections_and_borrow_anew_once_they_are_lost(
         client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     """A one-queue worker claims and completes through connections it keeps

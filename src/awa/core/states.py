@@ -151,11 +151,12 @@ CLAIM_FAILURES_UNHEALTHY = 3
 #: The LISTEN connection is probed this often (and dropped when the probe times out).
 LISTEN_PROBE_INTERVAL = timedelta(seconds=5)
 #: The most jobs one claim takes (a queue's ``claim_batch_size`` by default).
-#: A claim's fixed cost (its round trip, its statements' set-up, one WAL flush
-#: at commit) is most of its time at 32 jobs; at 128 a one-worker drain ran
-#: 1.3x faster with the ring off and 1.35x with it on (bench/run.py, issue 42),
-#: where claims of a queue's ring take turns through their commit.
-CLAIM_BATCH_SIZE = 128
+#: A claim's fixed cost (its round trip, a dozen statements' set-up over the
+#: ring's partitions, one WAL flush at commit) is about 0.65 ms of server CPU,
+#: as much as 45 jobs' share of it: at 128 a claim averaged 79 jobs and a
+#: one-worker drain of no-op jobs ran 1.36x slower than at 512 (two workers:
+#: 1.34x, whose claims take turns through their commit). bench/run.py, issue 42.
+CLAIM_BATCH_SIZE = 512
 #: A busy queue (every slot but a few in use) waits this long for more slots to
 #: free before claiming, so claims come in batches of at least a quarter of
 #: the queue's slots instead of one or two jobs per round trip.
