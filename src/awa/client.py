@@ -83,6 +83,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         self.retention_cancelled = states.FAILED_RETENTION
         self._producer_conn: PoolConnectionProxy | None = None
         self._producer_lock = asyncio.Lock()
+        self._letting_go: asyncio.Task[None] | None = None  # a held connection's release
         self._registry = Registry()
         self._followups = FollowUpRegistry(router=self._registry.queue_for)
         self._schedules: dict[str, CronSchedule] = {}
@@ -131,6 +132,8 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
             held, self._producer_conn = self._producer_conn, None
             if held is not None:
                 await pool.release(held)
+            if self._letting_go is not None:
+                await self._letting_go
             await close_pool_within(pool)
 
     async def __aenter__(self) -> AsyncClient:
@@ -242,6 +245,24 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
                 self._producer_conn = None
                 with contextlib.suppress(asyncpg.InterfaceError):
                     await pool.release(held)
+            else:
+                # Kept only for an insert that follows at once (a loop of inserts);
+                # anything else awaited first finds it back in the pool, where a
+                # small pool's other users may be waiting for it.
+                asyncio.get_running_loop().call_soon(self._let_go_if_idle)
+
+    def _let_go_if_idle(self) -> None:
+        """Hand the held producer connection back to the pool unless an insert has it."""
+        held, pool = self._producer_conn, self._pool
+        if held is None or pool is None or self._producer_lock.locked():
+            return
+        self._producer_conn = None
+        self._letting_go = asyncio.get_running_loop().create_task(self._give_back(pool, held))
+
+    @staticmethod
+    async def _give_back(pool: asyncpg.Pool, conn: PoolConnectionProxy) -> None:
+        with contextlib.suppress(asyncpg.InterfaceError):  # already taken back
+            await pool.release(conn)
 
     # -- enqueue ---------------------------------------------------------------
 
