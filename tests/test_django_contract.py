@@ -429,7 +429,8 @@ def test_manage_py_migrate_creates_awas_schema(empty_database_url: str) -> None:
                            ("0006_awa_leaner_ring",), ("0007_awa_reclaim_beside_readers",),
                            ("0008_awa_history_by_name",), ("0009_awa_presence_append_only",),
                            ("0010_awa_reclaim_by_counts",), ("0011_awa_upkeep_reads_less",),
-                           ("0012_awa_reclaim_counts_once",), ("0013_awa_just_left_receipts_wait",)]
+                           ("0012_awa_reclaim_counts_once",), ("0013_awa_just_left_receipts_wait",),
+                           ("0014_awa_ring_slot_planned_once",)]
 
 
 def test_awa_migrate_still_creates_the_schema_apart(empty_database_url: str) -> None:

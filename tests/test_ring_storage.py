@@ -588,6 +588,29 @@ async def test_a_turn_of_the_ring_is_a_new_row_and_no_row_changes(pool: asyncpg.
     assert await pool.fetchval("SELECT enqueue FROM awa.ring_config") is not row["enqueue"]
 
 
+async def test_a_session_sees_each_turn_of_the_ring_at_its_next_statement(
+        pool: asyncpg.Pool) -> None:
+    """Migration 0033: awa.ring_slot() keeps its plan for the session, never its
+    answer: a session that asked before sees a turn committed elsewhere at its
+    next statement, in single inserts (the slot's default) and in its own
+    reads; within one statement the answer holds still (STABLE)."""
+    async with pool.acquire() as reader, pool.acquire() as other:
+        for _ in range(3):  # planned and reused by now
+            assert await reader.fetchval("SELECT awa.ring_slot()") == 0
+        for slot in (1, 2, 3, 0):
+            assert await other.fetchval("SELECT awa.ring_advance()") is not None
+            assert await reader.fetchval("SELECT awa.ring_slot()") == slot
+            got = await reader.fetchval(
+                "INSERT INTO awa.ready (kind, queue, args, priority, max_attempts)"
+                " VALUES ('k', 'q', '{}', 2, 25) RETURNING slot")
+            assert got == slot
+        async with reader.transaction():
+            before = await reader.fetchval("SELECT awa.ring_slot()")
+            one = await reader.fetch(
+                "SELECT awa.ring_slot() AS s, pg_sleep(0.02) FROM generate_series(1, 3)")
+            assert {r["s"] for r in one} == {before}
+
+
 async def test_two_turns_at_once_make_one(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as a, pool.acquire() as b:
         async with a.transaction():
