@@ -119,6 +119,9 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
                     with translated():
                         self._pool = await create_pool(url, max_connections=self._max_connections,
                                                        command_timeout=self._command_timeout)
+                    # The producer connection kept between inserts goes back to the
+                    # pool whenever someone would otherwise wait for one.
+                    self._pool.on_demand = self._let_go_if_idle
                     telemetry.detect()
         return self._pool
 
@@ -245,14 +248,10 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
                 self._producer_conn = None
                 with contextlib.suppress(asyncpg.InterfaceError):
                     await pool.release(held)
-            else:
-                # Kept only for an insert that follows at once (a loop of inserts);
-                # anything else awaited first finds it back in the pool, where a
-                # small pool's other users may be waiting for it.
-                asyncio.get_running_loop().call_soon(self._let_go_if_idle)
 
     def _let_go_if_idle(self) -> None:
-        """Hand the held producer connection back to the pool unless an insert has it."""
+        """Hand the held producer connection back to the pool unless an insert has
+        it: the pool has none left for someone asking (`AwaPool.on_demand`)."""
         held, pool = self._producer_conn, self._pool
         if held is None or pool is None or self._producer_lock.locked():
             return

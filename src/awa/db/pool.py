@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import asyncpg
@@ -271,7 +272,7 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
                       application_name: str = "awa",
                       command_timeout: float | None = None,
                       idle_in_transaction_timeout: float | None = None,
-                      plans: Literal["custom", "reused"] | None = None) -> asyncpg.Pool:
+                      plans: Literal["custom", "reused"] | None = None) -> AwaPool:
     """A pool whose connections all carry Awa's codecs, fit for a pooler when
     one is declared or detected.
 
@@ -317,12 +318,30 @@ async def create_pool(database_url: str, *, max_connections: int = 10,
             settings.update(REUSED_PLAN_SHAPE)
             options["max_cached_statement_lifetime"] = \
                 CLAIM_PLAN_LIFETIME.total_seconds()
-    pool = await asyncpg.create_pool(
+    # asyncpg.create_pool, with its defaults, building our subclass.
+    pool = AwaPool(
         dsn.parse(database_url).dsn, min_size=1, max_size=max_connections,
-        init=init_connection, server_settings=settings,
+        max_queries=50_000, max_inactive_connection_lifetime=300.0, loop=None,
+        record_class=asyncpg.Record, init=init_connection, server_settings=settings,
         connection_class=AwaConnection, command_timeout=command_timeout, **options)
-    assert pool is not None
+    await pool
     return pool
+
+
+class AwaPool(asyncpg.Pool):
+    """asyncpg's pool, telling its owner (``on_demand``) when a connection is asked
+    for while every one is in use: the owner may be keeping one idle that the
+    asker would otherwise wait for (the client's producer connection)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_demand: Callable[[], None] | None = None
+
+    def acquire(self, *, timeout: float | None = None) -> Any:
+        if self.on_demand is not None \
+                and self.get_size() - self.get_idle_size() >= self.get_max_size():
+            self.on_demand()
+        return super().acquire(timeout=timeout)
 
 
 def _detached(exc: asyncpg.InterfaceError) -> bool:
