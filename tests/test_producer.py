@@ -379,6 +379,26 @@ async def test_a_small_pool_is_never_held_up_by_the_producer_connection(
         assert (await asyncio.wait_for(one.queue_stats(), 10)) is not None
         again = await one.insert(SendEmail(to="a@example.com", subject="again"))
         assert (await asyncio.wait_for(one.get_job(again.id), 10)).id == again.id
+    # Fresh clients: a read asked for while the pool's second connection is yet
+    # to open, then a transaction that takes that connection and waits for it.
+    async with awa.AsyncClient(database_url, max_connections=2) as race:
+        job = await race.insert(SendEmail(to="b@example.com", subject="race"))
+        reader = asyncio.create_task(race.get_job(job.id))
+        async with race.transaction() as tx:
+            await tx.execute("SELECT 1")
+            assert (await asyncio.wait_for(reader, 10)).id == job.id
+    async with awa.AsyncClient(database_url, max_connections=2) as race:
+        await race.insert(SendEmail(to="b@example.com", subject="race"))
+        ev = asyncio.Event()
+
+        async def in_tx_until_read() -> None:
+            async with race.transaction():
+                await ev.wait()
+
+        async def read_then_set() -> None:
+            await race.get_job(job.id)
+            ev.set()
+        await asyncio.wait_for(asyncio.gather(in_tx_until_read(), read_then_set()), 10)
     async with awa.AsyncClient(database_url, max_connections=2) as two:
         job = await two.insert(SendEmail(to="b@example.com", subject="two"))
         async with two.transaction() as tx:

@@ -649,6 +649,19 @@ async def test_a_quick_queue_claims_up_to_the_default_batch_of_512_at_once(
     assert max(sizes) > 128 and max(sizes) <= 512, sizes
 
 
+def test_jobs_claimed_ahead_are_what_the_slots_run_in_a_tenth_of_a_second() -> None:
+    """Claimed ahead, a job's deadline already runs: a queue claims ahead only
+    what its slots get through in `CLAIM_AHEAD_WAIT` at its handlers' average,
+    at most its batch; handlers slower than `CLAIM_AHEAD_MAX_RUN`, nothing."""
+    from awa.worker.dispatcher import claim_ahead
+    assert claim_ahead(512, 32, 0.0001) == 512  # quick handlers: the whole batch
+    assert claim_ahead(512, 32, 0.0) == 512
+    assert claim_ahead(512, 1, 0.005) == 20  # one slot of 5 ms: 0.1 s of work
+    assert claim_ahead(512, 4, 0.002) == 200
+    assert claim_ahead(512, 32, 0.006) == 0  # slower than 5 ms: none
+    assert claim_ahead(4, 2, 0.0) == 4
+
+
 async def test_claims_keep_their_connections_and_borrow_anew_once_they_are_lost(
         client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
     """A one-queue worker claims and completes through connections it keeps

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 import warnings
@@ -54,6 +55,7 @@ EventFn = Callable[[JobEvent], Any]
 
 
 T = TypeVar("T")
+log = logging.getLogger("awa.client")
 
 
 class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
@@ -83,7 +85,7 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         self.retention_cancelled = states.FAILED_RETENTION
         self._producer_conn: PoolConnectionProxy | None = None
         self._producer_lock = asyncio.Lock()
-        self._letting_go: asyncio.Task[None] | None = None  # a held connection's release
+        self._letting_go: set[asyncio.Task[None]] = set()  # kept connections' releases
         self._registry = Registry()
         self._followups = FollowUpRegistry(router=self._registry.queue_for)
         self._schedules: dict[str, CronSchedule] = {}
@@ -133,11 +135,12 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         if self._pool is not None:
             pool, self._pool = self._pool, None
             held, self._producer_conn = self._producer_conn, None
-            if held is not None:
-                await pool.release(held)
-            if self._letting_go is not None:
-                await self._letting_go
-            await close_pool_within(pool)
+            try:
+                if held is not None:
+                    await pool.release(held)
+                await asyncio.gather(*self._letting_go, return_exceptions=True)
+            finally:
+                await close_pool_within(pool)
 
     async def __aenter__(self) -> AsyncClient:
         await self.pool()
@@ -256,12 +259,18 @@ class AsyncClient(AdminOps, BatchOps, DescriptorOps, OverrideOps, FlowOps):
         if held is None or pool is None or self._producer_lock.locked():
             return
         self._producer_conn = None
-        self._letting_go = asyncio.get_running_loop().create_task(self._give_back(pool, held))
+        task = asyncio.get_running_loop().create_task(self._give_back(pool, held))
+        self._letting_go.add(task)
+        task.add_done_callback(self._letting_go.discard)
 
     @staticmethod
     async def _give_back(pool: asyncpg.Pool, conn: PoolConnectionProxy) -> None:
-        with contextlib.suppress(asyncpg.InterfaceError):  # already taken back
+        try:
             await pool.release(conn)
+        except asyncpg.InterfaceError:  # already taken back
+            pass
+        except Exception:  # the pool replaces a connection it could not take back
+            log.warning("could not hand the producer connection back", exc_info=True)
 
     # -- enqueue ---------------------------------------------------------------
 

@@ -167,6 +167,12 @@ CLAIM_COALESCE = timedelta(milliseconds=1)
 #: for its slot, so slower handlers never claim ahead (work would sit here
 #: that another worker could be running).
 CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
+#: Jobs claimed ahead wait for a slot about this long at most: a queue claims
+#: ahead only as many as its slots run in that time at its handlers' average
+#: (a claimed job's deadline runs from its claim, and a crashed worker's claimed
+#: jobs wait for rescue). 32 slots of 0.1 ms handlers: the whole batch; one
+#: slot of 5 ms handlers: 20 jobs.
+CLAIM_AHEAD_WAIT = timedelta(milliseconds=100)
 #: The claim is planned once and reused (planning cost as much as running it),
 #: but never for longer than this: a plan is only as good as the table size it
 #: was made for, and one made on an empty table scans a big backlog whole.

@@ -338,8 +338,9 @@ class AwaPool(asyncpg.Pool):
         self.on_demand: Callable[[], None] | None = None
 
     def acquire(self, *, timeout: float | None = None) -> Any:
-        if self.on_demand is not None \
-                and self.get_size() - self.get_idle_size() >= self.get_max_size():
+        # Every slot taken, a connection still opening included: this one would wait.
+        # (asyncpg's queue of free slots; the public counts miss one being opened.)
+        if self.on_demand is not None and self._queue.empty():  # type: ignore[attr-defined]
             self.on_demand()
         return super().acquire(timeout=timeout)
 

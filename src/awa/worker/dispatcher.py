@@ -24,7 +24,7 @@ from collections.abc import Callable
 import asyncpg
 
 from awa.core.model import ClaimDecoder, Job
-from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_COALESCE
+from awa.core.states import CLAIM_AHEAD_MAX_RUN, CLAIM_AHEAD_WAIT, CLAIM_COALESCE
 from awa.core.waiting import wait_signal
 from awa.db.lanes import Lanes
 from awa.db.pool import HeldConnection
@@ -39,6 +39,7 @@ from awa.worker.keyed import KeyedClaims
 log = logging.getLogger("awa.dispatcher")
 COALESCE_SECONDS = CLAIM_COALESCE.total_seconds()
 AHEAD_MAX_RUN_SECONDS = CLAIM_AHEAD_MAX_RUN.total_seconds()
+AHEAD_WAIT_SECONDS = CLAIM_AHEAD_WAIT.total_seconds()
 RUN_AVERAGE_WEIGHT = 0.1  # of the newest handler run, in the moving average
 
 
@@ -126,7 +127,8 @@ class Dispatcher:
 
     def _ahead(self) -> int:
         """How many jobs to claim beyond the free slots."""
-        return self.cfg.claim_batch_size if self._run_average <= AHEAD_MAX_RUN_SECONDS else 0
+        return claim_ahead(self.cfg.claim_batch_size, self._capacity.limit(self.cfg.name),
+                           self._run_average)
 
     def forget(self, job_id: int) -> bool:
         """Drop a job claimed ahead (cancelled, or rescued elsewhere) before it starts."""
@@ -255,3 +257,12 @@ class Dispatcher:
             # Always yields, and consumes the signal: a signal set while no slot
             # was free must not spin this loop (Python 3.12+ wait_for would).
             await wait_signal(self._signal, timeout)
+
+
+def claim_ahead(batch: int, slots: int, run_average: float) -> int:
+    """How many jobs a queue claims beyond its free slots: none for handlers slower
+    than `CLAIM_AHEAD_MAX_RUN`, else what its ``slots`` run in `CLAIM_AHEAD_WAIT` at
+    ``run_average`` seconds a job, at most ``batch``."""
+    if run_average > AHEAD_MAX_RUN_SECONDS:
+        return 0
+    return min(batch, int(slots * AHEAD_WAIT_SECONDS / max(run_average, 1e-5)))
