@@ -594,6 +594,11 @@ async def test_a_session_sees_each_turn_of_the_ring_at_its_next_statement(
     answer: a session that asked before sees a turn committed elsewhere at its
     next statement, in single inserts (the slot's default) and in its own
     reads; within one statement the answer holds still (STABLE)."""
+    # PL/pgSQL keeps the plan of its query for the session (a SQL function
+    # reading a table is planned again by every statement calling it).
+    assert await pool.fetchval(
+        "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang"
+        " WHERE p.oid = 'awa.ring_slot()'::regprocedure") == "plpgsql"
     async with pool.acquire() as reader, pool.acquire() as other:
         for _ in range(3):  # planned and reused by now
             assert await reader.fetchval("SELECT awa.ring_slot()") == 0
