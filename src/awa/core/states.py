@@ -161,11 +161,10 @@ CLAIM_BATCH_SIZE = 512
 #: free before claiming, so claims come in batches of at least a quarter of
 #: the queue's slots instead of one or two jobs per round trip.
 CLAIM_COALESCE = timedelta(milliseconds=1)
-#: A queue whose handlers average at most this long claims one batch ahead of
-#: its free slots: the next claim's round trip overlaps the running batch
-#: instead of following it. A job claimed ahead waits about one handler run
-#: for its slot, so slower handlers never claim ahead (work would sit here
-#: that another worker could be running).
+#: A queue whose handlers average at most this long claims ahead of its free
+#: slots (how many: `CLAIM_AHEAD_WAIT`): the next claim's round trip overlaps
+#: the running batch instead of following it. Slower handlers never claim
+#: ahead (work would sit here that another worker could be running).
 CLAIM_AHEAD_MAX_RUN = timedelta(milliseconds=5)
 #: Jobs claimed ahead wait for a slot about this long at most: a queue claims
 #: ahead only as many as its slots run in that time at its handlers' average

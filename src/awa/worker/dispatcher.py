@@ -6,11 +6,12 @@ rate limit) and hands each to the runtime to run. It sleeps until a NOTIFY
 for its queue, a freed slot, or the poll interval, whichever comes first, so
 it works with polling alone when LISTEN is unavailable.
 
-A queue whose handlers are quick also claims one batch ahead of its free
-slots (see `CLAIM_AHEAD_MAX_RUN`), so a claim's round trip overlaps the batch
-running rather than following it. Jobs claimed ahead wait in `ready` and start
-the moment a slot frees; they are heartbeated like running ones, and handed
-back (attempt not counted) if the worker stops before starting them.
+A queue whose handlers are quick also claims ahead of its free slots, up to a
+batch, as many as its slots run in `CLAIM_AHEAD_WAIT` (see `claim_ahead`), so a
+claim's round trip overlaps the batch running rather than following it. Jobs
+claimed ahead wait in `ready` and start the moment a slot frees; they are
+heartbeated like running ones, and handed back (attempt not counted) if the
+worker stops before starting them.
 """
 
 from __future__ import annotations
