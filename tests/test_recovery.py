@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 from tests.helpers import FAST, TO_MUTABLE, idle_task, spawn_worker, wait_until
 
 import awa
@@ -321,6 +322,90 @@ async def test_a_new_workers_first_completions_land_in_their_hours_partition(
         "JOIN pg_class c ON c.oid = d.tableoid WHERE d.id = $1", job.id)
     assert part == f"jobs_done_p{prune_after.astimezone(UTC):%Y%m%d%H}"
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done_default") == 0
+
+
+async def test_a_cleanup_pass_with_no_partition_to_make_is_one_read(
+        client: awa.AsyncClient, conn: asyncpg.Connection) -> None:
+    """A pass (and every worker's start) first reads which hours lack a partition
+    and opens a transaction only for those: it used to open one per hour of each
+    retention's window, partition or not (a dozen round trips at each start)."""
+    idle_task(client, "other")
+    await client.start([("other", 1)], **FAST)
+    assert client.runtime is not None
+    cleaner = client.runtime.service("cleanup")
+    pool = await client.pool()
+
+    class Counted:  # the connection, counting what the pass asks of it
+        def __init__(self, c: asyncpg.Connection) -> None:
+            self.c, self.calls = c, []
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            self.calls.append(name)
+            return getattr(self.c, name)
+
+    async with pool.acquire() as c:
+        counted = Counted(c)
+        await cleaner._ensure_partitions(counted)  # type: ignore[attr-defined]
+        assert counted.calls == ["fetch"]
+        # One partition of the window dropped: the next pass makes exactly it.
+        now = await conn.fetchval("SELECT now()")
+        gone = f"jobs_done_p{(now + timedelta(hours=24)).astimezone(UTC):%Y%m%d%H}"
+        await conn.execute(f'DROP TABLE awa."{gone}"')
+        counted = Counted(c)
+        await cleaner._ensure_partitions(counted)  # type: ignore[attr-defined]
+        assert counted.calls.count("transaction") == 1
+    assert await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"awa.{gone}")
+
+
+async def test_claims_start_after_the_partitions_and_before_presence(
+        client: awa.AsyncClient, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker claims once the partitions its completions land in exist, without
+    waiting for the rest of its start (presence on the runtime page), which
+    start() still waits for: a new session's first claim plans awa.claim's
+    statements, and the two used to follow each other."""
+    from awa.maintenance.services import Cleaner
+    from awa.worker.presence import Presence
+    partitions, presence = asyncio.Event(), asyncio.Event()
+    real_cleaner, real_presence = Cleaner.prepare, Presence.prepare
+
+    async def slow_cleaner(self: Cleaner) -> None:
+        await partitions.wait()
+        await real_cleaner(self)
+
+    async def slow_presence(self: Presence) -> None:
+        await presence.wait()
+        await real_presence(self)
+    monkeypatch.setattr(Cleaner, "prepare", slow_cleaner)
+    monkeypatch.setattr(Presence, "prepare", slow_presence)
+    ran = asyncio.Event()
+
+    @client.task(Sleepy, queue="early")
+    async def handle(job: awa.JobContext) -> None:
+        ran.set()
+
+    job = await client.insert(Sleepy(0), queue="early")
+    start = asyncio.create_task(client.start([("early", 1)], **FAST))
+    try:
+        await asyncio.sleep(0.5)
+        assert not ran.is_set()  # no claim before the partitions
+        assert await _state(client, job.id) is awa.JobState.Available
+        partitions.set()
+        await asyncio.wait_for(ran.wait(), timeout=10)
+        assert not start.done()  # start() still waits for presence
+
+        async def completed() -> bool:
+            return await _state(client, job.id) is awa.JobState.Completed
+        await wait_until(completed, timeout=10, message="the completion")
+        beats = "SELECT count(*) FROM awa.presence_beats WHERE NOT gone"
+        assert await conn.fetchval(beats) == 0
+        presence.set()
+        await asyncio.wait_for(start, timeout=10)
+        assert await conn.fetchval(beats) >= 1  # on the runtime page once start() returns
+    finally:
+        partitions.set()
+        presence.set()
+        await asyncio.gather(start, return_exceptions=True)
 
 
 async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(

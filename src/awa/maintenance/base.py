@@ -35,6 +35,8 @@ class PeriodicService(ABC):
 
     name = "service"
     leader_only = True
+    #: Whether the worker's first claim waits for `prepare` (else only ``start()`` does).
+    before_claims = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool] = _always) -> None:
@@ -55,7 +57,8 @@ class PeriodicService(ABC):
         """One pass of work."""
 
     async def prepare(self) -> None:
-        """What this process needs done before it claims, leader or not (default: nothing)."""
+        """What this process needs done before ``start()`` returns, leader or not, and
+        before its first claim where `before_claims` (default: nothing)."""
         return None
 
     def _sleep_for(self) -> float:

@@ -37,7 +37,6 @@ UNSERVED_SEEN = timedelta(seconds=30)
 #: How often each worker looks for its kinds waiting in queues nobody serves.
 UNSERVED_CHECK_INTERVAL = timedelta(seconds=30)
 VACUUM_MIN_DEAD = 10_000
-HOUR = timedelta(hours=1)
 #: VACUUM may take longer than the runtime's statement timeout on a big table.
 VACUUM_TIMEOUT = 3600.0
 
@@ -222,6 +221,7 @@ class Cleaner(PeriodicService):
     """Keeps finished-job partitions rolling and drops the expired ones."""
 
     name = "cleanup"
+    before_claims = True  # its partitions must exist before the first completion
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, retentions: Iterable[timedelta],
@@ -254,19 +254,16 @@ class Cleaner(PeriodicService):
         # the held-xmin harness cell at 2,000/s). A partition not made now is
         # made by the next pass; meanwhile rows land in the default partition.
         timeout = f"{int(PARTITION_LOCK_TIMEOUT.total_seconds() * 1000)}ms"
-        for retention in self._retentions:
-            hour, until = await conn.fetchrow(self._q["done_partitions_window"], retention,
-                                              self._lookahead)
-            while hour <= until:
-                try:
-                    async with conn.transaction():
-                        await conn.execute(self._q["tx_lock_timeout"], timeout)
-                        await conn.execute(self._q["done_partitions_ensure"], hour)
-                except asyncpg.LockNotAvailableError:
-                    log.info("awa.jobs_done is in use; its partition for %s is made later",
-                             hour)
-                    return
-                hour += HOUR
+        missing = await conn.fetch(self._q["done_partitions_missing"], self._retentions,
+                                   self._lookahead)
+        for (hour,) in missing:
+            try:
+                async with conn.transaction():
+                    await conn.execute(self._q["tx_lock_timeout"], timeout)
+                    await conn.execute(self._q["done_partitions_ensure"], hour)
+            except asyncpg.LockNotAvailableError:
+                log.info("awa.jobs_done is in use; its partition for %s is made later", hour)
+                return
 
     async def run_once(self) -> None:
         q = self._q

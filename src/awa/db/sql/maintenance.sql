@@ -94,10 +94,22 @@ WITH stale AS (
 SELECT r.*, pg_notify('awa_cancel', r.id::text)
 FROM (SELECT * FROM failed UNION ALL SELECT * FROM dead UNION ALL SELECT * FROM retried) r
 
--- name: done_partitions_window
--- The hours jobs finished from now until $2 later land in, with retention $1.
-SELECT date_trunc('hour', now() + $1::interval, 'UTC') AS first,
-       now() + $1::interval + $2::interval AS until
+-- name: done_partitions_missing
+-- Of the hours jobs finished from now until $2 later land in, with each
+-- retention of $1, those awa.jobs_done has no partition for yet (named
+-- jobs_done_pYYYYMMDDHH in UTC, beside it: awa.ensure_done_partitions), oldest
+-- first. One read, so a pass (and a worker's start) with nothing to make costs
+-- one round trip, not a transaction per hour.
+SELECT DISTINCT h.hour
+FROM unnest($1::interval[]) r(retention),
+     generate_series(date_trunc('hour', now() + r.retention, 'UTC'),
+                     now() + r.retention + $2::interval, interval '1 hour') h(hour)
+WHERE NOT EXISTS (
+    SELECT 1 FROM pg_class c
+    WHERE c.relnamespace = (SELECT relnamespace FROM pg_class
+                            WHERE oid = 'awa.jobs_done'::regclass)
+      AND c.relname = 'jobs_done_p' || to_char(h.hour AT TIME ZONE 'UTC', 'YYYYMMDDHH24'))
+ORDER BY h.hour
 
 -- name: done_partitions_ensure
 -- The hourly partition of hour $1 (one per statement, so one per transaction).
