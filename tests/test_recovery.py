@@ -6,6 +6,7 @@ import asyncio
 import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -339,7 +340,7 @@ async def test_a_cleanup_pass_with_no_partition_to_make_is_one_read(
         def __init__(self, c: asyncpg.Connection) -> None:
             self.c, self.calls = c, []
 
-        def __getattr__(self, name: str):  # noqa: ANN204
+        def __getattr__(self, name: str) -> Any:
             self.calls.append(name)
             return getattr(self.c, name)
 
