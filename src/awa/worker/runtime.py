@@ -257,22 +257,34 @@ class Runtime:
         if self.config.listen:
             self._listen_task = asyncio.create_task(self.listener.run(self._stop_services),
                                                     name="awa-listen")
-        # What claims wait for (the jobs_done partitions the first completions
-        # land in) first; then claiming starts while the rest (presence on the
-        # runtime page) is prepared, each on a connection of its own, at once:
-        # a new session's first claim plans awa.claim's statements, tens of
-        # milliseconds that need not follow them.
+        # What claims wait for (the jobs_done partitions the first outcomes land
+        # in: every outcome, not only the completer's) first; then claiming
+        # starts while the rest (presence on the runtime page) is prepared, each
+        # on a connection of its own, at once: a new session's first claim plans
+        # awa.claim's statements, tens of milliseconds that need not follow
+        # them. Each service's loop starts once its own preparation is done, so
+        # a start() cancelled meanwhile still leaves every loop running (and
+        # shutdown() stops them).
         first = [svc for svc in self.services if svc.before_claims]
         await asyncio.gather(*(self._prepare(svc) for svc in first))
         self.completer.start()
         self._dispatch_loops = [
             asyncio.create_task(d.run(self._stop_claiming), name=f"awa-dispatch-{name}")
             for name, d in self.dispatchers.items()]
-        await asyncio.gather(*(self._prepare(svc) for svc in self.services
-                               if not svc.before_claims))
-        for svc in self.services:
-            self._loops.append(asyncio.create_task(svc.run(self._stop_services),
+        preparing = [asyncio.create_task(self._prepare(svc)) if not svc.before_claims
+                     else None for svc in self.services]
+        for svc, prep in zip(self.services, preparing, strict=True):
+            self._loops.append(asyncio.create_task(self._run_after(svc, prep),
                                                    name=f"awa-{svc.name}"))
+        rest = [p for p in preparing if p is not None]
+        if rest:  # start() returns with presence on the runtime page
+            await asyncio.wait(rest)
+
+    async def _run_after(self, svc: PeriodicService, prep: asyncio.Task[None] | None) -> None:
+        """Run ``svc``'s loop once its preparation (if any) is done."""
+        if prep is not None:
+            await prep
+        await svc.run(self._stop_services)
 
     @staticmethod
     async def _prepare(svc: PeriodicService) -> None:
