@@ -12,10 +12,9 @@ import asyncio
 import hashlib
 import itertools
 import os
-import queue
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -103,60 +102,41 @@ async def _drop_database(server_url: str, name: str) -> None:
         await conn.close()
 
 
-class _Dropper:
+def _drop_now(server_url: str, name: str) -> None:
+    try:
+        asyncio.run(_drop_database(server_url, name))
+    except Exception as exc:  # a database left behind is not a test failure
+        print(f"could not drop test database {name}: {exc!r}")
+
+
+@pytest.fixture(scope="session")
+def _dropper(server_url: str) -> Iterator[Callable[[str], object]]:
     """Drops the tests' databases on a thread of its own, one after another.
 
     A DROP DATABASE waits for a checkpoint (PostgreSQL 15), about half a second
     on a busy machine: over a whole suite that was several minutes of tests
-    waiting for nothing they need. `close` waits for every drop asked for.
+    waiting for nothing they need. The session ends once every drop is done.
     """
-
-    def __init__(self, server_url: str) -> None:
-        self._server_url = server_url
-        self._names: queue.Queue[str | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="awa-test-dropper",
-                                        daemon=True)
-        self._thread.start()
-
-    def drop(self, name: str) -> None:
-        self._names.put(name)
-
-    def _run(self) -> None:
-        while (name := self._names.get()) is not None:
-            try:
-                asyncio.run(_drop_database(self._server_url, name))
-            except Exception as exc:  # a database left behind is not a test failure
-                print(f"could not drop test database {name}: {exc!r}")
-
-    def close(self) -> None:
-        self._names.put(None)
-        self._thread.join()
-
-
-@pytest.fixture(scope="session")
-def _dropper(server_url: str) -> Iterator[_Dropper]:
-    dropper = _Dropper(server_url)
-    try:
-        yield dropper
-    finally:
-        dropper.close()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="awa-test-dropper") as pool:
+        yield lambda name: pool.submit(_drop_now, server_url, name)
 
 
 @pytest.fixture
 async def database_url(server_url: str, template_db: str,
-                       _dropper: _Dropper) -> AsyncIterator[str]:
+                       _dropper: Callable[[str], object]) -> AsyncIterator[str]:
     """A fresh, migrated database for one test."""
     name = f"awa_test_{os.getpid()}_{next(_counter)}"
     yield await _fresh_database(server_url, name, template_db)
-    _dropper.drop(name)
+    _dropper(name)
 
 
 @pytest.fixture
-async def empty_database_url(server_url: str, _dropper: _Dropper) -> AsyncIterator[str]:
+async def empty_database_url(server_url: str,
+                             _dropper: Callable[[str], object]) -> AsyncIterator[str]:
     """A fresh database with no Awa schema, for migration tests."""
     name = f"awa_test_{os.getpid()}_{next(_counter)}_empty"
     yield await _fresh_database(server_url, name, None)
-    _dropper.drop(name)
+    _dropper(name)
 
 
 @pytest.fixture
