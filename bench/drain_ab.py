@@ -6,9 +6,9 @@
 Issue 33 asks that features a job does not use cost it at most 3% of drain
 throughput. Each trial is a fresh database and a fresh process whose
 ``PYTHONPATH`` picks the tree: N no-op jobs are COPYed in (one commit) to an
-idle worker (32 slots), and the rate is N over the time from that commit until
-``awa.jobs`` is empty. Rounds alternate the two trees, so drift on a shared
-machine falls on both. Besides jobs/s each trial reports CPU per job twice:
+idle worker (32 slots), and the rate is N over the time from that commit
+until ``awa.jobs_done`` holds N outcomes. Rounds alternate the two trees, so
+drift on a shared machine falls on both. Besides jobs/s each trial reports CPU per job twice:
 the machine's busy time (/proc/stat; counts every other process too) and its
 own (the trial's process plus the server backends of its database), which
 moves least with the neighbours' load, also split into the worker's and the
@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from trials import noop_client, own_cpu, scratch_database  # bench/ (the script's own directory)
+# bench/ (the script's own directory)
+from trials import noop_client, own_cpu, scratch_database, wait_drained
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOTS = 32
@@ -56,8 +57,7 @@ async def trial(admin: str, jobs: int) -> dict[str, float]:
         await client.enqueue_many_copy([{"seq": i} for i in range(jobs)], kind="bench_job",
                                        queue="bench")
         started, busy, own0 = time.perf_counter(), busy_seconds(), await own_cpu(side)
-        while await side.fetchval("SELECT count(*) FROM awa.jobs") > 0:
-            await asyncio.sleep(0.005)
+        await wait_drained(side, jobs)
         elapsed, cpu = time.perf_counter() - started, busy_seconds() - busy
         spent = {pid: ms - own0.get(pid, 0.0) for pid, ms in (await own_cpu(side)).items()}
         own, worker = sum(spent.values()), spent[0]
@@ -92,7 +92,7 @@ async def trial_instructions(admin: str, jobs: int, profiles: Path) -> dict[str,
             pids |= set(await side.fetchval(
                 "SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = current_database()"
                 " AND pid <> pg_backend_pid()") or [])
-            if await side.fetchval("SELECT count(*) FROM awa.jobs") == 0:
+            if await side.fetchval("SELECT count(*) FROM awa.jobs_done") >= jobs:
                 break
             await asyncio.sleep(0.2)
         done = await side.fetchval("SELECT count(*) FROM awa.jobs_done WHERE state = 'completed'")

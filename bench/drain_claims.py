@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 
-from trials import noop_client, scratch_database  # bench/ (the script's own directory)
+# bench/ (the script's own directory)
+from trials import noop_client, scratch_database, wait_drained
 
 WORKER = """
 import asyncio, sys
@@ -58,11 +59,7 @@ async def trial(admin: str, jobs: int, workers: int) -> dict[str, float]:
             await client.enqueue_many_copy([{"seq": i} for i in range(jobs)],
                                            kind="bench_job", queue="bench")
             started = time.perf_counter()
-            # Completion batches write jobs_done directly (and these jobs only
-            # complete): a count of it, not of the jobs_all view over both lanes,
-            # keeps the poll's own server CPU small in a CPU-bound drain.
-            while await side.fetchval("SELECT count(*) FROM awa.jobs_done") < jobs:
-                await asyncio.sleep(0.01)
+            await wait_drained(side, jobs)
             elapsed = time.perf_counter() - started
             claims = await side.fetchval("SELECT count(*) FROM awa.claim_log") - before
         finally:

@@ -53,3 +53,16 @@ async def own_cpu(side: Any) -> dict[int, float]:
             continue
         out[pid] = (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
     return out
+
+
+async def wait_drained(side: Any, jobs: int, poll_s: float = 0.01) -> None:
+    """Return once ``jobs`` outcomes are in ``awa.jobs_done``.
+
+    Completion batches write there directly, whichever lane a job came from, so
+    this works on the append-only ring (where ``awa.jobs`` is empty from the
+    start) as on the mutable table. One count of one table every ``poll_s``
+    keeps the poll's own server CPU small in a CPU-bound drain."""
+    import asyncio
+
+    while await side.fetchval("SELECT count(*) FROM awa.jobs_done") < jobs:
+        await asyncio.sleep(poll_s)
