@@ -3,10 +3,12 @@ no handler knows) fails or waits alone: the rest of its queue keeps running."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import pytest
 from tests.helpers import FAST, wait_for_state, wait_until
 
 import awa
@@ -46,6 +48,45 @@ async def test_a_stored_infinite_row_does_not_stop_its_queue(client: awa.AsyncCl
     finally:
         await client.shutdown()
     assert sorted(ran) == ids
+
+
+async def test_a_row_claimed_before_the_partitions_is_failed_after_them(
+        client: awa.AsyncClient, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker claims before the partitions its outcomes land in exist (see
+    test_recovery); a row it cannot decode then is failed once they do: its
+    failure is an outcome too, and none is written before them."""
+    from awa.maintenance.services import Cleaner
+    partitions = asyncio.Event()
+    real = Cleaner.prepare
+
+    async def slow(self: Cleaner) -> None:
+        await partitions.wait()
+        await real(self)
+    monkeypatch.setattr(Cleaner, "prepare", slow)
+    await conn.execute("ALTER DOMAIN awa.job_run_at DROP CONSTRAINT job_run_at_check")
+    bad = await conn.fetchval("INSERT INTO awa.jobs (kind, queue, args, state, priority, "
+                              "max_attempts, run_at) VALUES ('step', 'q', '{}', 'available', "
+                              "2, 5, '-infinity') RETURNING id")
+
+    @client.task(kind="step", queue="q")
+    async def step(job: awa.Job) -> None:
+        return None
+
+    start = asyncio.create_task(client.start([("q", 4)], **FAST))
+    try:
+        claimed = "SELECT state = 'running' FROM awa.jobs WHERE id = $1"
+        await wait_until(lambda: conn.fetchval(claimed, bad), message="the claim")
+        await asyncio.sleep(0.3)
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
+        partitions.set()
+        await asyncio.wait_for(start, timeout=10)
+        await wait_for_state(client, bad, awa.JobState.Failed)
+        assert "cannot be decoded" in (await client.get_job(bad)).errors[0]["error"]
+    finally:
+        partitions.set()
+        await asyncio.gather(start, return_exceptions=True)
+        await client.shutdown()
 
 
 async def test_migration_moves_stored_infinities_to_finite_times(

@@ -358,13 +358,14 @@ async def test_a_cleanup_pass_with_no_partition_to_make_is_one_read(
     assert await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"awa.{gone}")
 
 
-async def test_claims_start_after_the_partitions_and_before_presence(
+async def test_jobs_start_after_the_partitions_and_before_presence(
         client: awa.AsyncClient, conn: asyncpg.Connection,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker claims once the partitions its completions land in exist, without
-    waiting for the rest of its start (presence on the runtime page), which
-    start() still waits for: a new session's first claim plans awa.claim's
-    statements, and the two used to follow each other."""
+    """A worker claims at once, but runs no job (so writes no outcome) before the
+    partitions its outcomes land in exist; it runs them without waiting for the
+    rest of its start (presence on the runtime page), which start() still waits
+    for. A new session's first claim plans awa.claim's statements and a fresh
+    database's first start makes partitions: the two no longer follow each other."""
     from awa.maintenance.services import Cleaner
     from awa.worker.presence import Presence
     partitions, presence = asyncio.Event(), asyncio.Event()
@@ -388,9 +389,12 @@ async def test_claims_start_after_the_partitions_and_before_presence(
     job = await client.insert(Sleepy(0), queue="early")
     start = asyncio.create_task(client.start([("early", 1)], **FAST))
     try:
-        await asyncio.sleep(0.5)
-        assert not ran.is_set()  # no claim before the partitions
-        assert await _state(client, job.id) is awa.JobState.Available
+        async def claimed() -> bool:
+            return await _state(client, job.id) is awa.JobState.Running
+        await wait_until(claimed, timeout=10, message="the claim, before the partitions")
+        await asyncio.sleep(0.3)
+        assert not ran.is_set()  # claimed, but not run before the partitions
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
         partitions.set()
         await asyncio.wait_for(ran.wait(), timeout=10)
         assert not start.done()  # start() still waits for presence

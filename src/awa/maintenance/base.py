@@ -35,8 +35,8 @@ class PeriodicService(ABC):
 
     name = "service"
     leader_only = True
-    #: Whether the worker's first claim waits for `prepare` (else only ``start()`` does).
-    before_claims = False
+    #: Whether the worker's first job waits for `prepare` (else only ``start()`` does).
+    before_jobs = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool] = _always) -> None:
@@ -58,7 +58,7 @@ class PeriodicService(ABC):
 
     async def prepare(self) -> None:
         """What this process needs done before ``start()`` returns, leader or not, and
-        before its first claim where `before_claims` (default: nothing)."""
+        before its first job starts where `before_jobs` (default: nothing)."""
         return None
 
     def _sleep_for(self) -> float:

@@ -221,7 +221,7 @@ class Cleaner(PeriodicService):
     """Keeps finished-job partitions rolling and drops the expired ones."""
 
     name = "cleanup"
-    before_claims = True  # its partitions must exist before the first completion
+    before_jobs = True  # its partitions must exist before the first outcome
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool], *, retentions: Iterable[timedelta],

@@ -68,6 +68,10 @@ class Dispatcher:
         self.ready: deque[Job] = deque()
         self._run_average = 2 * AHEAD_MAX_RUN_SECONDS  # unknown handlers count as slow
         self._stopping: asyncio.Event | None = None
+        #: Claimed jobs wait in `ready` instead of starting (see `hold_starts`), and
+        #: rows that cannot be decoded wait to be failed (id, lease, error, slot).
+        self._starts_held = False
+        self._rejects_held: list[tuple[int, int, str, int | None]] = []
         #: Claims that failed in a row, and the last one's error (health reports them).
         self.claim_failures = 0
         self.last_claim_error: str | None = None
@@ -103,6 +107,20 @@ class Dispatcher:
         """Record how long one handler of this queue ran (decides claiming ahead)."""
         self._run_average += RUN_AVERAGE_WEIGHT * (seconds - self._run_average)
 
+    def hold_starts(self) -> None:
+        """Claim, but start no job until `allow_starts`: the worker's start claims
+        while the partitions its outcomes land in are still being made."""
+        self._starts_held = True
+
+    def allow_starts(self) -> None:
+        """Start the jobs claimed meanwhile, and claim on."""
+        self._starts_held = False
+        rejects, self._rejects_held = self._rejects_held, []
+        for reject in rejects:
+            self._reject(*reject)
+        self._start_ready()
+        self._signal.set()
+
     def slot_freed(self) -> None:
         """A handler of this queue (or, weighted, of any queue) returned."""
         self._start_ready()
@@ -111,7 +129,7 @@ class Dispatcher:
     def _start_ready(self) -> None:
         """Start jobs claimed ahead while slots are free."""
         ready = self.ready
-        if not ready or self._stopped():
+        if not ready or self._starts_held or self._stopped():
             return
         name = self.cfg.name
         # Launching only creates tasks, so the free slots are counted once.
@@ -153,8 +171,12 @@ class Dispatcher:
             except Exception as exc:
                 log.error("claimed job %s of %r cannot be decoded: %r", row["id"],
                           self.cfg.name, exc)
-                self._reject(row["id"], row["run_lease"],
-                             f"claimed row cannot be decoded: {exc!r}", row.get("receipt_slot"))
+                reject = (row["id"], row["run_lease"], f"claimed row cannot be decoded: {exc!r}",
+                          row.get("receipt_slot"))
+                if self._starts_held:  # its failure is an outcome too
+                    self._rejects_held.append(reject)
+                else:
+                    self._reject(*reject)
 
     async def _unclaim(self) -> None:
         """Hand jobs claimed ahead back to the queue: the worker is stopping."""

@@ -257,33 +257,38 @@ class Runtime:
         if self.config.listen:
             self._listen_task = asyncio.create_task(self.listener.run(self._stop_services),
                                                     name="awa-listen")
-        # What claims wait for (the jobs_done partitions the first outcomes land
-        # in: every outcome, not only the completer's) first; then claiming
-        # starts while the rest (presence on the runtime page) is prepared, each
-        # on a connection of its own, at once: a new session's first claim plans
-        # awa.claim's statements, tens of milliseconds that need not follow
-        # them. Each service's loop starts once its own preparation is done, so
-        # a start() cancelled meanwhile still leaves every loop running (and
-        # shutdown() stops them).
-        first = [svc for svc in self.services if svc.before_claims]
-        await asyncio.gather(*(self._prepare(svc) for svc in first))
-        self.completer.start()
+        # Claiming and every service's preparation (presence on the runtime page,
+        # the partitions) start at once, each on a connection of its own. No
+        # claimed job starts, so no outcome is written, until the jobs_done
+        # partitions the first outcomes land in exist (`before_jobs`: every
+        # outcome, not only the completer's), and no service's loop runs before
+        # them either (rescue writes outcomes). A new session's first claim plans
+        # awa.claim's statements and a fresh database's first start makes its
+        # partitions, tens of milliseconds each: they need not follow each other.
+        # Every loop exists before the first wait, so a start() cancelled
+        # meanwhile still leaves them running (and shutdown() stops them; jobs
+        # claimed and never started go back).
+        for d in self.dispatchers.values():
+            d.hold_starts()
         self._dispatch_loops = [
             asyncio.create_task(d.run(self._stop_claiming), name=f"awa-dispatch-{name}")
             for name, d in self.dispatchers.items()]
-        preparing = [asyncio.create_task(self._prepare(svc)) if not svc.before_claims
-                     else None for svc in self.services]
+        preparing = [asyncio.create_task(self._prepare(svc)) for svc in self.services]
+        first = [p for svc, p in zip(self.services, preparing, strict=True) if svc.before_jobs]
         for svc, prep in zip(self.services, preparing, strict=True):
-            self._loops.append(asyncio.create_task(self._run_after(svc, prep),
+            self._loops.append(asyncio.create_task(self._run_after(svc, [prep, *first]),
                                                    name=f"awa-{svc.name}"))
-        rest = [p for p in preparing if p is not None]
-        if rest:  # start() returns with presence on the runtime page
-            await asyncio.wait(rest)
+        if first:
+            await asyncio.wait(first)  # not gather: a cancelled start() leaves them be
+        self.completer.start()
+        for d in self.dispatchers.values():
+            d.allow_starts()
+        if preparing:  # start() returns with presence on the runtime page
+            await asyncio.wait(preparing)
 
-    async def _run_after(self, svc: PeriodicService, prep: asyncio.Task[None] | None) -> None:
-        """Run ``svc``'s loop once its preparation (if any) is done."""
-        if prep is not None:
-            await prep
+    async def _run_after(self, svc: PeriodicService, preps: list[asyncio.Task[None]]) -> None:
+        """Run ``svc``'s loop once its own preparation and the partitions' are done."""
+        await asyncio.wait(preps)
         await svc.run(self._stop_services)
 
     @staticmethod
