@@ -413,6 +413,48 @@ async def test_jobs_start_after_the_partitions_and_before_presence(
         await asyncio.gather(start, return_exceptions=True)
 
 
+async def test_jobs_claimed_before_the_partitions_keep_to_the_shared_slots(
+        client: awa.AsyncClient, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queues sharing slots (weighted) claim no more while their jobs wait for the
+    partitions than the slots they share: each held job keeps its slot taken, and
+    starts in it. Without that, each queue counted the same free slots."""
+    from awa.maintenance.services import Cleaner
+    partitions = asyncio.Event()
+    real = Cleaner.prepare
+
+    async def slow(self: Cleaner) -> None:
+        await partitions.wait()
+        await real(self)
+    monkeypatch.setattr(Cleaner, "prepare", slow)
+    for q in ("a", "b"):
+        @client.task(Sleepy, kind=f"held_{q}", queue=q)
+        async def handle(job: awa.JobContext) -> None:
+            return None
+    ids = [(await client.insert(Sleepy(0), kind=f"held_{q}", queue=q)).id
+           for q in ("a", "b") for _ in range(10)]
+    start = asyncio.create_task(client.start(
+        [{"name": "a", "min_workers": 1, "weight": 1},
+         {"name": "b", "min_workers": 1, "weight": 1}], global_max_workers=4, **FAST))
+    running = "SELECT count(*) FROM awa.jobs_all WHERE state = 'running'"
+    try:
+        await wait_until(lambda: conn.fetchval(running), message="the first claims")
+        await asyncio.sleep(0.5)  # several claim rounds (FAST polls)
+        assert await conn.fetchval(running) <= 4
+        assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
+        partitions.set()
+        await asyncio.wait_for(start, timeout=10)
+        done = "SELECT count(*) FROM awa.jobs_done WHERE state = 'completed' AND id = ANY($1)"
+        await wait_until(lambda: _all(conn, done, ids), timeout=15, message="every job")
+    finally:
+        partitions.set()
+        await asyncio.gather(start, return_exceptions=True)
+
+
+async def _all(conn: asyncpg.Connection, sql: str, ids: list[int]) -> bool:
+    return await conn.fetchval(sql, ids) == len(ids)
+
+
 async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(
         client: awa.AsyncClient, conn: asyncpg.Connection, database_url: str) -> None:
     """Expired jobs_done partitions are dropped one per transaction, each read

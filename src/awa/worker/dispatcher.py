@@ -72,6 +72,9 @@ class Dispatcher:
         #: rows that cannot be decoded wait to be failed (id, lease, error, slot).
         self._starts_held = False
         self._rejects_held: list[tuple[int, int, str, int | None]] = []
+        #: Slots taken meanwhile for the first jobs of `ready`, so that queues sharing
+        #: slots (weighted) do not claim them too; those jobs start in them.
+        self._slots_held = 0
         #: Claims that failed in a row, and the last one's error (health reports them).
         self.claim_failures = 0
         self.last_claim_error: str | None = None
@@ -127,18 +130,23 @@ class Dispatcher:
         self._signal.set()
 
     def _start_ready(self) -> None:
-        """Start jobs claimed ahead while slots are free."""
+        """Start jobs claimed ahead while slots are free (while starts are held, take
+        their slots only)."""
         ready = self.ready
-        if not ready or self._starts_held or self._stopped():
+        if not ready or self._stopped():
             return
         name = self.cfg.name
         # Launching only creates tasks, so the free slots are counted once.
-        n = min(len(ready), self._capacity.free(name))
+        n = max(0, min(len(ready) - self._slots_held, self._capacity.free(name)))
         if n > 0:
             self._capacity.acquire(name, n)
-            launch = self._launch
-            for _ in range(n):
-                launch(ready.popleft())
+        if self._starts_held:
+            self._slots_held += n
+            return
+        launch = self._launch
+        for _ in range(self._slots_held + n):
+            launch(ready.popleft())
+        self._slots_held = 0
 
     def _stopped(self) -> bool:
         """The worker is stopping: start nothing more, claim nothing more."""
@@ -151,9 +159,12 @@ class Dispatcher:
 
     def forget(self, job_id: int) -> bool:
         """Drop a job claimed ahead (cancelled, or rescued elsewhere) before it starts."""
-        for job in self.ready:
+        for i, job in enumerate(self.ready):
             if job.id == job_id:
-                self.ready.remove(job)
+                del self.ready[i]
+                if i < self._slots_held:  # it held a slot (see `_start_ready`)
+                    self._slots_held -= 1
+                    self._capacity.release(self.cfg.name)
                 return True
         return False
 
@@ -181,6 +192,9 @@ class Dispatcher:
     async def _unclaim(self) -> None:
         """Hand jobs claimed ahead back to the queue: the worker is stopping."""
         jobs, self.ready = list(self.ready), deque()
+        if self._slots_held:
+            self._capacity.release(self.cfg.name, self._slots_held)
+            self._slots_held = 0
         if not jobs:
             return
         try:
