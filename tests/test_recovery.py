@@ -451,6 +451,72 @@ async def test_jobs_claimed_before_the_partitions_keep_to_the_shared_slots(
         await asyncio.gather(start, return_exceptions=True)
 
 
+async def test_jobs_held_for_the_partitions_give_their_slots_back(
+        client: awa.AsyncClient) -> None:
+    """A job held with its slot (see above) frees it when it is forgotten (cancelled
+    meanwhile) or handed back at shutdown; the others start in theirs."""
+    from awa.worker.capacity import Capacity
+    from awa.worker.config import QueueConfig
+    from awa.worker.dispatcher import Dispatcher
+    cfg = QueueConfig(name="held", max_workers=4)
+    capacity = Capacity([cfg], None)
+    started: list[int] = []
+    d = Dispatcher(cfg, await client.pool(), queries(), capacity, lambda j: started.append(j.id),
+                   0.05)
+    jobs = [await client.insert(Sleepy(0), queue="held") for _ in range(6)]
+    d.hold_starts()
+    d.ready.extend(jobs)
+    d._start_ready()
+    assert capacity.in_use("held") == 4 and not started  # four slots taken, none started
+    assert d.forget(jobs[0].id)  # held in a slot: the slot frees, the next job takes it
+    assert capacity.in_use("held") == 3
+    d._start_ready()
+    assert capacity.in_use("held") == 4
+    assert d.forget(jobs[5].id)  # not in a slot: nothing to free
+    assert capacity.in_use("held") == 4
+    d.allow_starts()
+    assert started == [j.id for j in jobs[1:5]] and capacity.in_use("held") == 4
+    for _ in started:
+        capacity.release("held")
+    d.hold_starts()
+    d.ready.extend(jobs[:2])
+    d._start_ready()
+    assert capacity.in_use("held") == 2
+    await d._unclaim()  # the worker stops before they start
+    assert capacity.in_use("held") == 0 and not d.ready
+
+
+async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back(
+        client: awa.AsyncClient, conn: asyncpg.Connection,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """start() cancelled while its partitions are being made (they never are, here):
+    shutdown() does not wait for them, writes no outcome, and hands the jobs claimed
+    meanwhile back to the queue."""
+    from awa.maintenance.services import Cleaner
+
+    async def never(self: Cleaner) -> None:
+        await asyncio.Event().wait()
+    monkeypatch.setattr(Cleaner, "prepare", never)
+    ran = asyncio.Event()
+
+    @client.task(Sleepy, queue="cut")
+    async def handle(job: awa.JobContext) -> None:
+        ran.set()
+
+    job = await client.insert(Sleepy(0), queue="cut")
+    start = asyncio.create_task(client.start([("cut", 2)], **FAST))
+
+    async def claimed() -> bool:
+        return await _state(client, job.id) is awa.JobState.Running
+    await wait_until(claimed, timeout=10, message="the claim")
+    start.cancel()
+    await asyncio.gather(start, return_exceptions=True)
+    await asyncio.wait_for(client.shutdown(), timeout=20)
+    assert not ran.is_set()
+    assert await _state(client, job.id) is awa.JobState.Available
+    assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
+
+
 async def _all(conn: asyncpg.Connection, sql: str, ids: list[int]) -> bool:
     return await conn.fetchval(sql, ids) == len(ids)
 

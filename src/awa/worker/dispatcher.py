@@ -195,19 +195,22 @@ class Dispatcher:
         if self._slots_held:
             self._capacity.release(self.cfg.name, self._slots_held)
             self._slots_held = 0
-        if not jobs:
+        # (id, lease, receipt slot): rows never failed (starts never allowed) go back too.
+        back = [(j.id, j.run_lease, j.receipt_slot) for j in jobs]
+        back += [(i, lease, slot) for i, lease, _, slot in self._rejects_held]
+        self._rejects_held = []
+        if not back:
             return
         try:
-            ring = [j for j in jobs if j.receipt_slot is not None]
+            ring = [b for b in back if b[2] is not None]
             if ring:  # ring attempts are handed back from the mutable lane
-                await self._db.execute(self._q["attempt_materialize"],
-                                       [j.receipt_slot for j in ring], [j.id for j in ring],
-                                       [j.run_lease for j in ring])
-            await self._db.execute(self._q["attempt_unclaim"], [j.id for j in jobs],
-                                   [j.run_lease for j in jobs])
+                await self._db.execute(self._q["attempt_materialize"], [b[2] for b in ring],
+                                       [b[0] for b in ring], [b[1] for b in ring])
+            await self._db.execute(self._q["attempt_unclaim"], [b[0] for b in back],
+                                   [b[1] for b in back])
         except Exception as exc:  # they stay running, and rescue re-runs them
             log.warning("could not hand back %d jobs claimed ahead from %r: %r",
-                        len(jobs), self.cfg.name, exc)
+                        len(back), self.cfg.name, exc)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Loop until ``stopping`` is set, then hand back jobs claimed ahead."""
@@ -233,7 +236,9 @@ class Dispatcher:
             free = self._capacity.free(name)
             if self._backlogged():
                 free = 0  # completions are not being written as fast as jobs finish
-            want = min(free + self._ahead() - len(self.ready), self.cfg.claim_batch_size)
+            # Jobs held with their slots (see `_start_ready`) are already out of `free`.
+            want = min(free + self._ahead() - (len(self.ready) - self._slots_held),
+                       self.cfg.claim_batch_size)
             timeout = self._poll
             if 0 < want < self._min_batch() and not coalesced \
                     and self._capacity.in_use(name) > 0:

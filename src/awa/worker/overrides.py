@@ -110,6 +110,7 @@ class OverrideWatcher(PeriodicService):
     """Reads the overrides of this process's queues and applies changes."""
 
     name = "overrides"
+    writes_outcomes = False
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, queues: list[str],

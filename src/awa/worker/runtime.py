@@ -129,6 +129,9 @@ class Runtime:
         self.services: list[PeriodicService] = self._make_services()
         self._loops: list[asyncio.Task[None]] = []
         self._dispatch_loops: list[asyncio.Task[None]] = []
+        #: The services' preparations, and the step that lets jobs start (`start`).
+        self._preparing: list[asyncio.Task[None]] = []
+        self._opening: asyncio.Task[None] | None = None
         self._stop_claiming = asyncio.Event()
         self._stop_services = asyncio.Event()
         self._health = WorkerHealth(
@@ -259,37 +262,49 @@ class Runtime:
                                                     name="awa-listen")
         # Claiming and every service's preparation (presence on the runtime page,
         # the partitions) start at once, each on a connection of its own. No
-        # claimed job starts, so no outcome is written, until the jobs_done
-        # partitions the first outcomes land in exist (`before_jobs`: every
-        # outcome, not only the completer's), and no service's loop runs before
-        # them either (rescue writes outcomes). A new session's first claim plans
-        # awa.claim's statements and a fresh database's first start makes its
-        # partitions, tens of milliseconds each: they need not follow each other.
-        # Every loop exists before the first wait, so a start() cancelled
-        # meanwhile still leaves them running (and shutdown() stops them; jobs
-        # claimed and never started go back).
+        # claimed job starts, so no outcome is written, until the preparations
+        # marked `before_jobs` are done (the cleanup's jobs_done partitions the
+        # first outcomes land in: every outcome, not only the completer's), and
+        # no loop of a service that writes outcomes runs before them either. A
+        # new session's first claim plans awa.claim's statements and a fresh
+        # database's first start makes its partitions, tens of milliseconds
+        # each: they need not follow each other. Every loop, and the step that
+        # lets jobs start, is a task of its own before the first wait, so a
+        # start() cancelled meanwhile leaves them running (and shutdown() stops
+        # them; jobs claimed and never started go back).
         for d in self.dispatchers.values():
             d.hold_starts()
         self._dispatch_loops = [
             asyncio.create_task(d.run(self._stop_claiming), name=f"awa-dispatch-{name}")
             for name, d in self.dispatchers.items()]
-        preparing = [asyncio.create_task(self._prepare(svc)) for svc in self.services]
-        first = [p for svc, p in zip(self.services, preparing, strict=True) if svc.before_jobs]
-        for svc, prep in zip(self.services, preparing, strict=True):
-            self._loops.append(asyncio.create_task(self._run_after(svc, [prep, *first]),
+        self._preparing = [asyncio.create_task(self._prepare(svc)) for svc in self.services]
+        first = [p for svc, p in zip(self.services, self._preparing, strict=True)
+                 if svc.before_jobs]
+        self._opening = asyncio.create_task(self._open_jobs(first), name="awa-open-jobs")
+        for svc, prep in zip(self.services, self._preparing, strict=True):
+            waits = [prep, *first] if svc.writes_outcomes else [prep]
+            self._loops.append(asyncio.create_task(self._run_after(svc, waits),
                                                    name=f"awa-{svc.name}"))
+        # start() returns with jobs allowed to start and presence on the runtime page.
+        await asyncio.wait([self._opening, *self._preparing])
+
+    async def _open_jobs(self, first: list[asyncio.Task[None]]) -> None:
+        """Once ``first`` (the partitions) are done, let claimed jobs start and
+        completions be written; not if the worker is already stopping."""
         if first:
-            await asyncio.wait(first)  # not gather: a cancelled start() leaves them be
+            await asyncio.wait(first)
+        if self._stop_claiming.is_set():
+            return
         self.completer.start()
         for d in self.dispatchers.values():
             d.allow_starts()
-        if preparing:  # start() returns with presence on the runtime page
-            await asyncio.wait(preparing)
 
     async def _run_after(self, svc: PeriodicService, preps: list[asyncio.Task[None]]) -> None:
-        """Run ``svc``'s loop once its own preparation and the partitions' are done."""
+        """Run ``svc``'s loop once ``preps`` are done (its own preparation, and the
+        partitions' if it writes outcomes), unless the worker is stopping by then."""
         await asyncio.wait(preps)
-        await svc.run(self._stop_services)
+        if not self._stop_services.is_set():
+            await svc.run(self._stop_services)
 
     @staticmethod
     async def _prepare(svc: PeriodicService) -> None:
@@ -301,6 +316,12 @@ class Runtime:
     async def shutdown(self, timeout: float) -> None:
         """Stop claiming, let handlers finish up to ``timeout`` s, then abandon the rest."""
         self._stop_claiming.set()
+        # A start still preparing (cancelled, or run beside this): nothing more waits
+        # for its preparations, and jobs are not let start.
+        for prep in self._preparing:
+            prep.cancel()
+        if self._opening is not None:
+            await asyncio.gather(self._opening, return_exceptions=True)
         for d in self.dispatchers.values():
             d.wake()
         # Claims in flight land first; jobs claimed ahead go back to the queue.
