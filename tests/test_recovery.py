@@ -486,6 +486,37 @@ async def test_jobs_held_for_the_partitions_give_their_slots_back(
     assert capacity.in_use("held") == 0 and not d.ready
 
 
+async def test_claims_while_held_count_each_held_job_once(
+        client: awa.AsyncClient) -> None:
+    """While starts are held, a claim asks for the slots left: a held job is out of
+    the free slots already, and must not be taken off the claim a second time."""
+    from awa.worker.capacity import Capacity
+    from awa.worker.config import QueueConfig
+    from awa.worker.dispatcher import Dispatcher
+    cfg = QueueConfig(name="count", max_workers=4, claim_batch_size=1)
+    capacity = Capacity([cfg], None)
+    d = Dispatcher(cfg, await client.pool(), queries(), capacity, lambda j: None, 0.05)
+    ids = [(await client.insert(Sleepy(0), queue="count")).id for _ in range(6)]
+    d.hold_starts()
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(d.run(stopping))
+    try:
+        # Claims of one (the batch size) until the four slots are held: counted
+        # twice, two held jobs would have left no claim for the other two slots.
+        async def four_held() -> bool:
+            return len(d.ready) == 4
+        await wait_until(four_held, timeout=10, message="four held jobs")
+        await asyncio.sleep(0.3)
+        assert len(d.ready) == 4 and capacity.in_use("count") == 4
+    finally:
+        stopping.set()
+        d.wake()
+        await loop
+    assert capacity.in_use("count") == 0 and not d.ready  # handed back at the stop
+    states = {(await client.get_job(i)).state for i in ids}
+    assert states == {awa.JobState.Available}
+
+
 async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back(
         client: awa.AsyncClient, conn: asyncpg.Connection,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -509,12 +540,17 @@ async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back
     async def claimed() -> bool:
         return await _state(client, job.id) is awa.JobState.Running
     await wait_until(claimed, timeout=10, message="the claim")
+    runtime = client.runtime
+    assert runtime is not None
     start.cancel()
     await asyncio.gather(start, return_exceptions=True)
     await asyncio.wait_for(client.shutdown(), timeout=20)
     assert not ran.is_set()
     assert await _state(client, job.id) is awa.JobState.Available
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
+    # No pass of a service that may write outcomes ran without the partitions.
+    passes = {svc.name: svc.runs for svc in runtime.services if svc.writes_outcomes}
+    assert passes and not any(passes.values()), passes
 
 
 async def _all(conn: asyncpg.Connection, sql: str, ids: list[int]) -> bool:
