@@ -63,6 +63,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SUBPROCESS_PATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
 
 
+def hold_partitions(monkeypatch: Any) -> asyncio.Event:
+    """Hold a starting worker's partitions pass (the cleanup's `prepare`, which its
+    jobs wait for) until the returned event is set; never, if it is not."""
+    from awa.maintenance.services import Cleaner
+    partitions = asyncio.Event()
+    real = Cleaner.prepare
+
+    async def held(self: Cleaner) -> None:
+        await partitions.wait()
+        await real(self)
+    monkeypatch.setattr(Cleaner, "prepare", held)
+    return partitions
+
+
 def spawn_worker(database_url: str, *extra: str, workers: int = 4,
                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A real ``awa worker`` process for ``tests.apps.worker_app`` on queue ``procs``."""

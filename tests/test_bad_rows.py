@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, wait_for_state, wait_until
+from tests.helpers import FAST, hold_partitions, wait_for_state, wait_until
 
 import awa
 from awa.core import states
@@ -56,14 +56,7 @@ async def test_a_row_claimed_before_the_partitions_is_failed_after_them(
     """A worker claims before the partitions its outcomes land in exist (see
     test_recovery); a row it cannot decode then is failed once they do: its
     failure is an outcome too, and none is written before them."""
-    from awa.maintenance.services import Cleaner
-    partitions = asyncio.Event()
-    real = Cleaner.prepare
-
-    async def slow(self: Cleaner) -> None:
-        await partitions.wait()
-        await real(self)
-    monkeypatch.setattr(Cleaner, "prepare", slow)
+    partitions = hold_partitions(monkeypatch)
     await conn.execute("ALTER DOMAIN awa.job_run_at DROP CONSTRAINT job_run_at_check")
     bad = await conn.fetchval("INSERT INTO awa.jobs (kind, queue, args, state, priority, "
                               "max_attempts, run_at) VALUES ('step', 'q', '{}', 'available', "

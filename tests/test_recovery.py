@@ -10,7 +10,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from tests.helpers import FAST, TO_MUTABLE, idle_task, spawn_worker, wait_until
+from tests.helpers import (
+    FAST,
+    TO_MUTABLE,
+    hold_partitions,
+    idle_task,
+    spawn_worker,
+    wait_until,
+)
 
 import awa
 from awa.core.model import Outcome
@@ -366,19 +373,13 @@ async def test_jobs_start_after_the_partitions_and_before_presence(
     rest of its start (presence on the runtime page), which start() still waits
     for. A new session's first claim plans awa.claim's statements and a fresh
     database's first start makes partitions: the two no longer follow each other."""
-    from awa.maintenance.services import Cleaner
     from awa.worker.presence import Presence
-    partitions, presence = asyncio.Event(), asyncio.Event()
-    real_cleaner, real_presence = Cleaner.prepare, Presence.prepare
-
-    async def slow_cleaner(self: Cleaner) -> None:
-        await partitions.wait()
-        await real_cleaner(self)
+    partitions, presence = hold_partitions(monkeypatch), asyncio.Event()
+    real_presence = Presence.prepare
 
     async def slow_presence(self: Presence) -> None:
         await presence.wait()
         await real_presence(self)
-    monkeypatch.setattr(Cleaner, "prepare", slow_cleaner)
     monkeypatch.setattr(Presence, "prepare", slow_presence)
     ran = asyncio.Event()
 
@@ -419,14 +420,7 @@ async def test_jobs_claimed_before_the_partitions_keep_to_the_shared_slots(
     """Queues sharing slots (weighted) claim no more while their jobs wait for the
     partitions than the slots they share: each held job keeps its slot taken, and
     starts in it. Without that, each queue counted the same free slots."""
-    from awa.maintenance.services import Cleaner
-    partitions = asyncio.Event()
-    real = Cleaner.prepare
-
-    async def slow(self: Cleaner) -> None:
-        await partitions.wait()
-        await real(self)
-    monkeypatch.setattr(Cleaner, "prepare", slow)
+    partitions = hold_partitions(monkeypatch)
     for q in ("a", "b"):
         @client.task(Sleepy, kind=f"held_{q}", queue=q)
         async def handle(job: awa.JobContext) -> None:
@@ -523,11 +517,7 @@ async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back
     """start() cancelled while its partitions are being made (they never are, here):
     shutdown() does not wait for them, writes no outcome, and hands the jobs claimed
     meanwhile back to the queue."""
-    from awa.maintenance.services import Cleaner
-
-    async def never(self: Cleaner) -> None:
-        await asyncio.Event().wait()
-    monkeypatch.setattr(Cleaner, "prepare", never)
+    hold_partitions(monkeypatch)  # for ever
     ran = asyncio.Event()
 
     @client.task(Sleepy, queue="cut")
@@ -549,7 +539,7 @@ async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back
     assert await _state(client, job.id) is awa.JobState.Available
     assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
     # No pass of a service that may write outcomes ran without the partitions.
-    passes = {svc.name: svc.runs for svc in runtime.services if svc.writes_outcomes}
+    passes = {svc.name: svc.runs for svc in runtime.services if svc.waits_for_partitions}
     assert passes and not any(passes.values()), passes
 
 

@@ -37,9 +37,11 @@ class PeriodicService(ABC):
     leader_only = True
     #: Whether the worker's first job waits for `prepare` (else only ``start()`` does).
     before_jobs = False
-    #: Whether this service's loop may write outcomes (rows of awa.jobs_done): such a
-    #: loop, like a job, waits for the `before_jobs` preparations.
-    writes_outcomes = True
+    #: Whether this service's loop, like a job, waits for the `before_jobs`
+    #: preparations at start: every loop that may write an outcome (a row of
+    #: awa.jobs_done) must. The heartbeat (of the jobs claimed meanwhile) and the
+    #: overrides (which the first claims should see) do not.
+    waits_for_partitions = True
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
                  is_leader: Callable[[], bool] = _always) -> None:

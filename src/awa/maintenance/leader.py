@@ -21,7 +21,6 @@ log = logging.getLogger("awa.maintenance.leader")
 
 class LeaderElection(PeriodicService):
     name = "leader"
-    writes_outcomes = False
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, instance_id: str,

@@ -341,7 +341,6 @@ class UnservedQueueWarner(PeriodicService):
     queues no live worker serves (an insert that named the wrong queue, say)."""
 
     name = "unserved"
-    writes_outcomes = False
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,
@@ -372,7 +371,6 @@ class QueueGauges(PeriodicService):
     """
 
     name = "queue_gauges"
-    writes_outcomes = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, is_leader: Callable[[], bool],
                  interval: timedelta = telemetry.QUEUE_GAUGE_INTERVAL) -> None:

@@ -27,7 +27,7 @@ class Heartbeat(PeriodicService):
     """Refreshes this process's running attempts; reports the ones it lost."""
 
     name = "heartbeat"
-    writes_outcomes = False
+    waits_for_partitions = False
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta,

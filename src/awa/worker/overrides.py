@@ -110,7 +110,7 @@ class OverrideWatcher(PeriodicService):
     """Reads the overrides of this process's queues and applies changes."""
 
     name = "overrides"
-    writes_outcomes = False
+    waits_for_partitions = False
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, queues: list[str],

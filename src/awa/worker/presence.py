@@ -54,7 +54,6 @@ class Presence(PeriodicService):
     """Appends this process's row every ``interval``; says goodbye at shutdown."""
 
     name = "presence"
-    writes_outcomes = False
     leader_only = False
 
     def __init__(self, pool: asyncpg.Pool, q: Queries, interval: timedelta, instance_id: str,

@@ -265,7 +265,7 @@ class Runtime:
         # claimed job starts, so no outcome is written, until the preparations
         # marked `before_jobs` are done (the cleanup's jobs_done partitions the
         # first outcomes land in: every outcome, not only the completer's), and
-        # no loop of a service that writes outcomes runs before them either. A
+        # no loop of a service that may write one runs before them either. A
         # new session's first claim plans awa.claim's statements and a fresh
         # database's first start makes its partitions, tens of milliseconds
         # each: they need not follow each other. Every loop, and the step that
@@ -282,7 +282,7 @@ class Runtime:
                  if svc.before_jobs]
         self._opening = asyncio.create_task(self._open_jobs(first), name="awa-open-jobs")
         for svc, prep in zip(self.services, self._preparing, strict=True):
-            waits = [prep, *first] if svc.writes_outcomes else [prep]
+            waits = [prep, *first] if svc.waits_for_partitions else [prep]
             self._loops.append(asyncio.create_task(self._run_after(svc, waits),
                                                    name=f"awa-{svc.name}"))
         # start() returns with jobs allowed to start and presence on the runtime page.
