@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from tests.helpers import (
     hold_partitions,
     idle_task,
     spawn_worker,
+    wait_for_state,
     wait_until,
 )
 
@@ -23,7 +25,10 @@ import awa
 from awa.core.model import Outcome
 from awa.db.queries import queries
 from awa.telemetry.signals import Signals
+from awa.worker.capacity import Capacity
 from awa.worker.completion import Completer
+from awa.worker.config import QueueConfig
+from awa.worker.dispatcher import Dispatcher
 
 
 @dataclass
@@ -390,9 +395,7 @@ async def test_jobs_start_after_the_partitions_and_before_presence(
     job = await client.insert(Sleepy(0), queue="early")
     start = asyncio.create_task(client.start([("early", 1)], **FAST))
     try:
-        async def claimed() -> bool:
-            return await _state(client, job.id) is awa.JobState.Running
-        await wait_until(claimed, timeout=10, message="the claim, before the partitions")
+        await wait_for_state(client, job.id, awa.JobState.Running, timeout=10)  # the claim
         await asyncio.sleep(0.3)
         assert not ran.is_set()  # claimed, but not run before the partitions
         assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
@@ -438,25 +441,28 @@ async def test_jobs_claimed_before_the_partitions_keep_to_the_shared_slots(
         assert await conn.fetchval("SELECT count(*) FROM awa.jobs_done") == 0
         partitions.set()
         await asyncio.wait_for(start, timeout=10)
-        done = "SELECT count(*) FROM awa.jobs_done WHERE state = 'completed' AND id = ANY($1)"
-        await wait_until(lambda: _all(conn, done, ids), timeout=15, message="every job")
+        for job_id in ids:
+            await wait_for_state(client, job_id, awa.JobState.Completed)
     finally:
         partitions.set()
         await asyncio.gather(start, return_exceptions=True)
+
+
+async def _dispatcher(client: awa.AsyncClient, queue: str, launch: Callable[[awa.Job], None],
+                      **cfg: Any) -> tuple[Dispatcher, Capacity]:
+    """A dispatcher of ``queue`` with four slots of its own, claiming through
+    ``client``'s pool and handing each job it starts to ``launch``."""
+    config = QueueConfig(name=queue, max_workers=4, **cfg)
+    capacity = Capacity([config], None)
+    return Dispatcher(config, await client.pool(), queries(), capacity, launch, 0.05), capacity
 
 
 async def test_jobs_held_for_the_partitions_give_their_slots_back(
         client: awa.AsyncClient) -> None:
     """A job held with its slot (see above) frees it when it is forgotten (cancelled
     meanwhile) or handed back at shutdown; the others start in theirs."""
-    from awa.worker.capacity import Capacity
-    from awa.worker.config import QueueConfig
-    from awa.worker.dispatcher import Dispatcher
-    cfg = QueueConfig(name="held", max_workers=4)
-    capacity = Capacity([cfg], None)
     started: list[int] = []
-    d = Dispatcher(cfg, await client.pool(), queries(), capacity, lambda j: started.append(j.id),
-                   0.05)
+    d, capacity = await _dispatcher(client, "held", lambda j: started.append(j.id))
     jobs = [await client.insert(Sleepy(0), queue="held") for _ in range(6)]
     d.hold_starts()
     d.ready.extend(jobs)
@@ -484,12 +490,7 @@ async def test_claims_while_held_count_each_held_job_once(
         client: awa.AsyncClient) -> None:
     """While starts are held, a claim asks for the slots left: a held job is out of
     the free slots already, and must not be taken off the claim a second time."""
-    from awa.worker.capacity import Capacity
-    from awa.worker.config import QueueConfig
-    from awa.worker.dispatcher import Dispatcher
-    cfg = QueueConfig(name="count", max_workers=4, claim_batch_size=1)
-    capacity = Capacity([cfg], None)
-    d = Dispatcher(cfg, await client.pool(), queries(), capacity, lambda j: None, 0.05)
+    d, capacity = await _dispatcher(client, "count", lambda j: None, claim_batch_size=1)
     ids = [(await client.insert(Sleepy(0), queue="count")).id for _ in range(6)]
     d.hold_starts()
     stopping = asyncio.Event()
@@ -527,9 +528,7 @@ async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back
     job = await client.insert(Sleepy(0), queue="cut")
     start = asyncio.create_task(client.start([("cut", 2)], **FAST))
 
-    async def claimed() -> bool:
-        return await _state(client, job.id) is awa.JobState.Running
-    await wait_until(claimed, timeout=10, message="the claim")
+    await wait_for_state(client, job.id, awa.JobState.Running, timeout=10)  # the claim
     runtime = client.runtime
     assert runtime is not None
     start.cancel()
@@ -541,10 +540,6 @@ async def test_a_start_cancelled_before_the_partitions_shuts_down_and_hands_back
     # No pass of a service that may write outcomes ran without the partitions.
     passes = {svc.name: svc.runs for svc in runtime.services if svc.waits_for_partitions}
     assert passes and not any(passes.values()), passes
-
-
-async def _all(conn: asyncpg.Connection, sql: str, ids: list[int]) -> bool:
-    return await conn.fetchval(sql, ids) == len(ids)
 
 
 async def test_cleanup_drops_expired_partitions_one_at_a_time_and_never_queues(
