@@ -6,15 +6,15 @@
 Issue 33 asks that features a job does not use cost it at most 3% of drain
 throughput. Each trial is a fresh database and a fresh process whose
 ``PYTHONPATH`` picks the tree: N no-op jobs are COPYed in (one commit) to an
-idle worker (32 slots), and the rate is N over the time from that commit
-until ``awa.jobs_done`` holds N outcomes. Rounds alternate the two trees, so
-drift on a shared machine falls on both. Besides jobs/s each trial reports CPU per job twice:
-the machine's busy time (/proc/stat; counts every other process too) and its
-own (the trial's process plus the server backends of its database), which
-moves least with the neighbours' load, also split into the worker's and the
-server's. The summary gives medians and the median of the per-round ratios.
-Scratch databases are named ``$BENCH_DB_PREFIX_drain_ab_PID`` (default
-prefix ``bench``).
+idle worker (32 slots), and the rate is N over the time from that commit until
+``awa.jobs_done`` holds N outcomes. Rounds alternate the two trees, so drift
+on a shared machine falls on both. Besides jobs/s each trial reports CPU per
+job twice: the machine's busy time (/proc/stat; counts every other process
+too) and its own (the trial's process plus the server backends of its
+database), which moves least with the neighbours' load, also split into the
+worker's and the server's. The summary gives medians and the median of the
+per-round ratios. Scratch databases are named
+``$BENCH_DB_PREFIX_drain_ab_PID`` (default prefix ``bench``).
 """
 
 from __future__ import annotations

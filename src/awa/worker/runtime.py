@@ -301,8 +301,8 @@ class Runtime:
 
     async def _run_after(self, svc: PeriodicService, preps: list[asyncio.Task[None]]) -> None:
         """Run ``svc``'s loop once ``preps`` are done (its own preparation, and the
-        partitions' if it writes outcomes), unless the worker is stopping by then
-        (shutdown cancels what is still preparing: the partitions may not exist)."""
+        partitions' if it `waits_for_partitions`), unless the worker is stopping by
+        then (shutdown cancels what is still preparing: the partitions may not exist)."""
         await asyncio.wait(preps)
         if not self._stop_claiming.is_set():
             await svc.run(self._stop_services)
