@@ -448,6 +448,43 @@ async def test_jobs_claimed_before_the_partitions_keep_to_the_shared_slots(
         await asyncio.gather(start, return_exceptions=True)
 
 
+async def test_jobs_claimed_keep_the_slots_reserved_for_them(
+        client: awa.AsyncClient) -> None:
+    """A claim reserves its slots before the round trip; the jobs it brings back run
+    in them even if the shared slots were split anew meanwhile (another queue became
+    hungry). Released and counted again, a job claimed for a slot waited without
+    one, and the other queue claimed that slot as well: 5 claimed for 4 slots."""
+    weighted = [QueueConfig(name=q, min_workers=1, weight=1) for q in ("wa", "wb")]
+    capacity = Capacity(weighted, 4)  # one slot each, two shared
+    pool = await client.pool()
+
+    class Hungry:
+        """The pool, but queue wb turns hungry while wa's claim is under way."""
+        async def fetch(self, *args: Any) -> list[asyncpg.Record]:
+            capacity.set_hungry("wb", True)
+            return await pool.fetch(*args)
+
+    started: list[int] = []
+    d = Dispatcher(weighted[0], Hungry(), queries(), capacity,
+                   lambda j: started.append(j.id), 0.05)
+    for _ in range(5):
+        await client.insert(Sleepy(0), queue="wa")
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(d.run(stopping))
+    try:
+        async def claimed() -> bool:
+            return d.claimed >= 3
+        await wait_until(claimed, timeout=10, message="wa's claim")
+        # Its own slot and both shared ones, reserved while wb was not hungry;
+        # wb has its own slot left, and no more: four in all.
+        assert len(started) == 3 and not d.ready
+        assert capacity.in_use("wa") == 3 and capacity.free("wb") == 1
+    finally:
+        stopping.set()
+        d.wake()
+        await loop
+
+
 async def _dispatcher(client: awa.AsyncClient, queue: str, launch: Callable[[awa.Job], None],
                       **cfg: Any) -> tuple[Dispatcher, Capacity]:
     """A dispatcher of ``queue`` with four slots of its own, claiming through

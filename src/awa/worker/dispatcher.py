@@ -129,17 +129,20 @@ class Dispatcher:
         self._start_ready()
         self._signal.set()
 
-    def _start_ready(self) -> None:
-        """Start jobs claimed ahead while slots are free (while starts are held, take
-        their slots only)."""
+    def _start_ready(self, reserved: int = 0) -> None:
+        """Start jobs claimed ahead while slots are free, the first ``reserved`` of
+        them in slots already taken for them (while starts are held, take their
+        slots only)."""
         ready = self.ready
-        if not ready or self._stopped():
-            return
         name = self.cfg.name
+        if not ready or self._stopped():
+            self._capacity.release(name, reserved)
+            return
         # Launching only creates tasks, so the free slots are counted once.
-        n = max(0, min(len(ready) - self._slots_held, self._capacity.free(name)))
+        n = max(0, min(len(ready) - self._slots_held - reserved, self._capacity.free(name)))
         if n > 0:
             self._capacity.acquire(name, n)
+        n += reserved
         if self._starts_held:
             self._slots_held += n
             return
@@ -277,15 +280,23 @@ class Dispatcher:
                     self._failures.failed(f"claim from {name!r}", exc)
                     self.claim_failures += 1
                     self.last_claim_error = repr(exc)
-                finally:
+                except BaseException:  # cancelled mid-claim
                     self._capacity.release(name, reserved)
+                    raise
                 got = len(rows) + sum(len(batch) for batch in keyed)
                 if self._limiter is not None:
                     self._limiter.take(got)
+                queued = len(self.ready)
                 self._take_rows(rows)
                 for batch in keyed:  # each statement's rows have columns of their own
                     self._take_rows(batch, keyed=True)
-                self._start_ready()
+                # The jobs claimed keep the slots reserved for them: the free slots may
+                # have shrunk meanwhile (a queue sharing them became hungry), and a job
+                # claimed for a slot must not wait without one while that queue claims
+                # the slot again (two queues of weighted slots claimed 5 for 4).
+                kept = min(reserved, len(self.ready) - queued)
+                self._capacity.release(name, reserved - kept)
+                self._start_ready(kept)
                 self.claimed += got
                 signals.emit("claim", queue=name, jobs=got)
                 # A short plain claim may hide keyed jobs: look for them next round,
