@@ -485,6 +485,21 @@ async def test_jobs_claimed_keep_the_slots_reserved_for_them(
         await loop
 
 
+async def test_a_claim_whose_rows_cannot_be_taken_gives_its_slots_back(
+        client: awa.AsyncClient) -> None:
+    """A failure taking the claimed rows that ends the loop (past the per-row
+    handling: a broken schema) releases the slots reserved for the claim."""
+    d, capacity = await _dispatcher(client, "lost", lambda j: None)
+    await client.insert(Sleepy(0), queue="lost")
+
+    def broken(rows: list[asyncpg.Record], keyed: bool = False) -> None:
+        raise RuntimeError("rows cannot be taken")
+    d._take_rows = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="cannot be taken"):
+        await asyncio.wait_for(d.run(asyncio.Event()), timeout=10)
+    assert capacity.in_use("lost") == 0
+
+
 async def _dispatcher(client: awa.AsyncClient, queue: str, launch: Callable[[awa.Job], None],
                       **cfg: Any) -> tuple[Dispatcher, Capacity]:
     """A dispatcher of ``queue`` with four slots of its own, claiming through

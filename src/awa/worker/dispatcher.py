@@ -130,9 +130,9 @@ class Dispatcher:
         self._signal.set()
 
     def _start_ready(self, reserved: int = 0) -> None:
-        """Start jobs claimed ahead while slots are free, the first ``reserved`` of
-        them in slots already taken for them (while starts are held, take their
-        slots only)."""
+        """Start jobs claimed ahead while slots are free, counting ``reserved`` slots
+        already taken for jobs in ``ready`` (after those held) as free; while starts
+        are held, take their slots only."""
         ready = self.ready
         name = self.cfg.name
         if not ready or self._stopped():
@@ -287,9 +287,13 @@ class Dispatcher:
                 if self._limiter is not None:
                     self._limiter.take(got)
                 queued = len(self.ready)
-                self._take_rows(rows)
-                for batch in keyed:  # each statement's rows have columns of their own
-                    self._take_rows(batch, keyed=True)
+                try:
+                    self._take_rows(rows)
+                    for batch in keyed:  # each statement's rows have columns of their own
+                        self._take_rows(batch, keyed=True)
+                except BaseException:  # the loop ends; the jobs taken are handed back
+                    self._capacity.release(name, reserved)
+                    raise
                 # The jobs claimed keep the slots reserved for them: the free slots may
                 # have shrunk meanwhile (a queue sharing them became hungry), and a job
                 # claimed for a slot must not wait without one while that queue claims
