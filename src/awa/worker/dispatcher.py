@@ -259,47 +259,23 @@ class Dispatcher:
                 # dispatchers cannot hand out the same shared slots meanwhile.
                 reserved = min(want, free)
                 self._capacity.acquire(name, reserved)
-                started = time.perf_counter()
-                # Rows claimed stay claimed even if a later statement here fails.
-                rows: list[asyncpg.Record] = []
-                keyed: list[list[asyncpg.Record]] = []  # one list per statement
+                kept = 0  # of the reserved slots, those the jobs claimed start in
                 try:
-                    if self.keys.active or probe:
-                        keyed = await self.keys.claim_batches(self._db, name, want, deadline,
-                                                              aging)
-                    else:
-                        claim = "attempt_claim" if await self.lanes.in_use(self._db) \
-                            else "attempt_claim_mutable"
-                        rows = await self._db.fetch(self._q[claim], name, want, deadline, aging)
-                    telemetry.claim_round(name, time.perf_counter() - started)
-                    self.claim_failures, self.last_claim_error = 0, None
-                    self._failures.ok(f"claim from {name!r}")
-                except Exception as exc:
-                    # Whatever the driver raises (a killed backend can surface as
-                    # InternalClientError), this loop must live on: claim again later.
-                    self._failures.failed(f"claim from {name!r}", exc)
-                    self.claim_failures += 1
-                    self.last_claim_error = repr(exc)
-                except BaseException:  # cancelled mid-claim
-                    self._capacity.release(name, reserved)
-                    raise
-                got = len(rows) + sum(len(batch) for batch in keyed)
-                if self._limiter is not None:
-                    self._limiter.take(got)
-                queued = len(self.ready)
-                try:
+                    rows, keyed = await self._claim(want, deadline, aging, probe)
+                    got = len(rows) + sum(len(batch) for batch in keyed)
+                    if self._limiter is not None:
+                        self._limiter.take(got)
+                    queued = len(self.ready)
                     self._take_rows(rows)
                     for batch in keyed:  # each statement's rows have columns of their own
                         self._take_rows(batch, keyed=True)
-                except BaseException:  # the loop ends; the jobs taken are handed back
-                    self._capacity.release(name, reserved)
-                    raise
-                # The jobs claimed keep the slots reserved for them: the free slots may
-                # have shrunk meanwhile (a queue sharing them became hungry), and a job
-                # claimed for a slot must not wait without one while that queue claims
-                # the slot again (two queues of weighted slots claimed 5 for 4).
-                kept = min(reserved, len(self.ready) - queued)
-                self._capacity.release(name, reserved - kept)
+                    # The jobs claimed keep the slots reserved for them: the free slots
+                    # may have shrunk meanwhile (a queue sharing them became hungry),
+                    # and a job claimed for a slot must not wait without one while that
+                    # queue claims the slot again (two weighted queues claimed 5 for 4).
+                    kept = min(reserved, len(self.ready) - queued)
+                finally:  # the rest, and all of them if cancelled or the loop ends
+                    self._capacity.release(name, reserved - kept)
                 self._start_ready(kept)
                 self.claimed += got
                 signals.emit("claim", queue=name, jobs=got)
@@ -314,6 +290,34 @@ class Dispatcher:
             # Always yields, and consumes the signal: a signal set while no slot
             # was free must not spin this loop (Python 3.12+ wait_for would).
             await wait_signal(self._signal, timeout)
+
+    async def _claim(self, want: int, deadline: float, aging: float, probe: bool,
+                     ) -> tuple[list[asyncpg.Record], list[list[asyncpg.Record]]]:
+        """Claim up to ``want`` jobs: plain rows, or (while keys are in use, or to
+        ``probe`` for keyed jobs) one list of rows per keyed statement. A failed
+        claim is recorded and returns nothing: whatever the driver raises (a killed
+        backend can surface as InternalClientError), the loop must live on and claim
+        again later."""
+        name = self.cfg.name
+        started = time.perf_counter()
+        # Rows claimed stay claimed even if a later statement here fails.
+        rows: list[asyncpg.Record] = []
+        batches: list[list[asyncpg.Record]] = []
+        try:
+            if self.keys.active or probe:
+                batches = await self.keys.claim_batches(self._db, name, want, deadline, aging)
+            else:
+                claim = "attempt_claim" if await self.lanes.in_use(self._db) \
+                    else "attempt_claim_mutable"
+                rows = await self._db.fetch(self._q[claim], name, want, deadline, aging)
+            telemetry.claim_round(name, time.perf_counter() - started)
+            self.claim_failures, self.last_claim_error = 0, None
+            self._failures.ok(f"claim from {name!r}")
+        except Exception as exc:
+            self._failures.failed(f"claim from {name!r}", exc)
+            self.claim_failures += 1
+            self.last_claim_error = repr(exc)
+        return rows, batches
 
 
 def claim_ahead(batch: int, slots: int, run_average: float) -> int:
